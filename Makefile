@@ -1,0 +1,33 @@
+# Two commands set up a fresh machine: `make demo` and `make test`. Both create .venv if it is
+# missing and install the project with what they need; nothing else has to be installed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: test test-fast demo bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	@rm -f $(VENV)/.installed-* && touch $@
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+# Everything but the slow multi-process tests (CI runs them all).
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow"
+
+demo: venv
+	$(BIN)/python -m node.demo
+
+bench: venv
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python bench/core.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

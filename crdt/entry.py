@@ -1,0 +1,303 @@
+"""The signed entry: header encoding, signing, ids and payload checks (sans-IO).
+
+An entry's signed header is the canonical msgpack encoding of ``[body, signature]``:
+
+* ``body`` is a map with keys in byte order (see docs/protocol.md for every field);
+* ``signature`` is Ed25519 over ``b"memmesh/v1\\0entry\\0" + msgpack(body)``;
+* the entry id is ``sha256:<hex>`` of the whole signed header, byte for byte.
+
+The pycrdt update of each store travels beside the header. The header carries, per store,
+its sha256, length, Yjs client id and clock range, so a payload can be erased later while the
+header, its id and signature (and every later entry) still verify.
+
+Every check here is a pure function of the bytes: nothing depends on the database's state.
+Checks that need state (parents, feed order, authorisation, Yjs shapes) live in database.py.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Mapping
+
+import msgpack
+
+from auth.keys import DOMAIN_ENTRY, SigningKey, public_key_str, verify
+from crdt.errors import EntryRejected
+
+FORMAT_VERSION = 1
+ID_PREFIX = "sha256:"
+
+# Size caps (see docs/protocol.md). A header is small; a payload holds one transaction's rows
+# (a memory row and its embedding vector fit many times over).
+MAX_HEADER_BYTES = 16 * 1024
+MAX_PARENTS = 64
+MAX_STORES = 16
+MAX_STORE_NAME = 128
+MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_ENTRY_BYTES = 2 * 1024 * 1024
+MAX_SAFE_INT = 2**53 - 1  # Yjs client ids and clocks are JavaScript-safe integers
+
+_BODY_KEYS_ROOT = ("author", "nonce", "parents", "prev", "seq", "stores", "ts", "v")
+_BODY_KEYS = ("author", "db", "parents", "prev", "seq", "stores", "ts", "v")
+_SIG_TRAILER = b"\xc4\x40"  # msgpack bin8 of length 64
+_CLIENT_DOMAIN = b"memmesh/yjs-client/v1\x00"
+
+
+def id_of(header: bytes) -> str:
+    return ID_PREFIX + hashlib.sha256(header).hexdigest()
+
+
+def id_to_raw(entry_id: str) -> bytes:
+    if not isinstance(entry_id, str) or not entry_id.startswith(ID_PREFIX) or len(entry_id) != 71:
+        raise EntryRejected("entry.id", f"an entry id looks like 'sha256:<64 hex digits>', got {entry_id!r}")
+    try:
+        return bytes.fromhex(entry_id[7:])
+    except ValueError as exc:
+        raise EntryRejected("entry.id", f"an entry id looks like 'sha256:<64 hex digits>', got {entry_id!r}") from exc
+
+
+def raw_to_id(raw: bytes) -> str:
+    return ID_PREFIX + raw.hex()
+
+
+def client_id_for(author: bytes) -> int:
+    """The Yjs client id an author must write with: 53 bits derived from its public key."""
+    digest = hashlib.sha256(_CLIENT_DOMAIN + author).digest()
+    return int.from_bytes(digest[:8], "big") & MAX_SAFE_INT
+
+
+@dataclass(frozen=True, slots=True)
+class StoreDescriptor:
+    """What the signed header says about one store's payload."""
+
+    sha256: bytes
+    length: int
+    client: int
+    clock: int
+    clock_len: int
+
+    @property
+    def clock_end(self) -> int:
+        return self.clock + self.clock_len
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A decoded, signature-checked entry. ``header`` is the exact signed bytes."""
+
+    id: str
+    header: bytes
+    author: bytes
+    seq: int
+    prev: str | None
+    parents: tuple[str, ...]
+    ts: int
+    db: str | None  # None for the root entry: its own id is the database id
+    nonce: bytes | None
+    stores: Mapping[str, StoreDescriptor]
+    payloads: Mapping[str, bytes | None]  # None: payload erased (or not carried)
+
+    @property
+    def is_root(self) -> bool:
+        return self.db is None
+
+    @property
+    def author_key(self) -> str:
+        return public_key_str(self.author)
+
+    @property
+    def client(self) -> int:
+        return client_id_for(self.author)
+
+
+def _pack(obj: object) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def payload_descriptor(update: bytes, client: int, clock: int, clock_len: int) -> StoreDescriptor:
+    return StoreDescriptor(hashlib.sha256(update).digest(), len(update), client, clock, clock_len)
+
+
+def sign_entry(
+    key: SigningKey,
+    *,
+    db: str | None,
+    seq: int,
+    prev: str | None,
+    parents: tuple[str, ...] | list[str],
+    ts: int,
+    payloads: Mapping[str, tuple[bytes, int, int]],
+    nonce: bytes | None = None,
+) -> Entry:
+    """Build and sign an entry. ``payloads`` maps store -> (update, clock, clock_len)."""
+    author = key.public.raw
+    client = client_id_for(author)
+    stores = {
+        name: payload_descriptor(update, client, clock, clock_len)
+        for name, (update, clock, clock_len) in payloads.items()
+    }
+    body: dict[str, object] = {"author": author}
+    if db is None:
+        if nonce is None or len(nonce) != 16:
+            raise ValueError("a root entry carries 16 bytes of nonce")
+    else:
+        body["db"] = id_to_raw(db)
+    if nonce is not None:
+        body["nonce"] = nonce
+    body["parents"] = sorted(id_to_raw(p) for p in set(parents))
+    body["prev"] = None if prev is None else id_to_raw(prev)
+    body["seq"] = seq
+    body["stores"] = {
+        name: [d.sha256, d.length, d.client, d.clock, d.clock_len] for name, d in sorted(stores.items())
+    }
+    body["ts"] = ts
+    body["v"] = FORMAT_VERSION
+    body_bytes = _pack(body)
+    signature = key.sign(DOMAIN_ENTRY, body_bytes)
+    header = b"\x92" + body_bytes + _SIG_TRAILER + signature
+    # Decode what we built: the same checks run for local and received entries.
+    return decode_entry(header, {name: update for name, (update, _, _) in payloads.items()})
+
+
+def _reject(reason: str, detail: str) -> EntryRejected:
+    return EntryRejected(reason, detail)
+
+
+def _uint(value: object, what: str, limit: int = MAX_SAFE_INT) -> int:
+    if type(value) is not int or value < 0 or value > limit:
+        raise _reject("entry.format", f"{what} must be an integer in 0..{limit}")
+    return value
+
+
+def _raw32(value: object, what: str) -> bytes:
+    if type(value) is not bytes or len(value) != 32:
+        raise _reject("entry.format", f"{what} must be 32 bytes")
+    return value
+
+
+def decode_entry(
+    header: bytes,
+    payloads: Mapping[str, bytes | None] | None = None,
+    *,
+    expected_db: str | None = None,
+) -> Entry:
+    """Parse and verify a signed header and its payloads; raises EntryRejected.
+
+    Checks, in order of cost: sizes, framing, body format, canonical encoding, payloads
+    against their descriptors, then the signature. ``expected_db``: the database this entry is
+    offered to; a root entry is accepted only as the root of the database with its own id.
+    """
+    payloads = payloads or {}
+    if not isinstance(header, (bytes, bytearray)):
+        raise _reject("entry.format", "a header is bytes")
+    header = bytes(header)
+    if len(header) > MAX_HEADER_BYTES:
+        raise _reject("entry.size", f"header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
+    total = len(header) + sum(len(p) for p in payloads.values() if p is not None)
+    if total > MAX_ENTRY_BYTES:
+        raise _reject("entry.size", f"entry of {total} bytes exceeds {MAX_ENTRY_BYTES}")
+    if len(header) < 70 or header[0] != 0x92 or header[-66:-64] != _SIG_TRAILER:
+        raise _reject("entry.format", "a signed header is the msgpack array [body, 64-byte signature]")
+    body_bytes = header[1:-66]
+    signature = header[-64:]
+    try:
+        body = msgpack.unpackb(
+            body_bytes,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_bin_len=MAX_HEADER_BYTES,
+            max_str_len=MAX_HEADER_BYTES,
+            max_array_len=MAX_PARENTS + 8,
+            max_map_len=MAX_STORES + 16,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise _reject("entry.format", f"header body is not valid msgpack: {exc.__class__.__name__}") from None
+    if type(body) is not dict:
+        raise _reject("entry.format", "header body must be a map")
+    is_root = "db" not in body
+    expected_keys = _BODY_KEYS_ROOT if is_root else _BODY_KEYS
+    if tuple(body) != expected_keys:
+        raise _reject("entry.format", f"header fields must be exactly {', '.join(expected_keys)} in that order")
+    if body["v"] != FORMAT_VERSION or type(body["v"]) is not int:
+        raise _reject("entry.version", f"unsupported entry format version {body['v']!r}")
+    author = _raw32(body["author"], "author")
+    seq = _uint(body["seq"], "seq")
+    ts = _uint(body["ts"], "ts", 2**63 - 1)
+    prev_raw = body["prev"]
+    prev = None if prev_raw is None else raw_to_id(_raw32(prev_raw, "prev"))
+    parents_raw = body["parents"]
+    if type(parents_raw) is not list or len(parents_raw) > MAX_PARENTS:
+        raise _reject("entry.format", f"parents must be a list of at most {MAX_PARENTS} ids")
+    for p in parents_raw:
+        _raw32(p, "a parent id")
+    if any(a >= b for a, b in zip(parents_raw, parents_raw[1:])):
+        raise _reject("entry.canonical", "parents must be sorted and unique")
+    parents = tuple(raw_to_id(p) for p in parents_raw)
+    nonce = None
+    db = None
+    if is_root:
+        nonce = body["nonce"]
+        if type(nonce) is not bytes or len(nonce) != 16:
+            raise _reject("entry.format", "a root entry carries a 16-byte nonce")
+        if parents or prev is not None or seq != 0:
+            raise _reject("entry.format", "a root entry has no parents, no prev and seq 0")
+    else:
+        db = raw_to_id(_raw32(body["db"], "db"))
+        if not parents:
+            raise _reject("entry.format", "a non-root entry names at least one parent")
+        if (seq == 0) != (prev is None):
+            raise _reject("entry.format", "prev is empty exactly when seq is 0")
+    stores_raw = body["stores"]
+    if type(stores_raw) is not dict or not stores_raw or len(stores_raw) > MAX_STORES:
+        raise _reject("entry.format", f"stores must be a map of 1..{MAX_STORES} descriptors")
+    names = list(stores_raw)
+    if names != sorted(names, key=lambda n: n.encode("utf-8")):
+        raise _reject("entry.canonical", "store names must be in byte order")
+    client = client_id_for(author)
+    stores: dict[str, StoreDescriptor] = {}
+    for name, desc in stores_raw.items():
+        if not name or len(name) > MAX_STORE_NAME:
+            raise _reject("entry.format", f"a store name is 1..{MAX_STORE_NAME} characters")
+        if type(desc) is not list or len(desc) != 5:
+            raise _reject("entry.format", f"descriptor of store {name!r} is [sha256, length, client, clock, clock_len]")
+        d = StoreDescriptor(
+            _raw32(desc[0], f"{name} sha256"),
+            _uint(desc[1], f"{name} length", MAX_PAYLOAD_BYTES),
+            _uint(desc[2], f"{name} client"),
+            _uint(desc[3], f"{name} clock"),
+            _uint(desc[4], f"{name} clock_len"),
+        )
+        if d.clock_len == 0 or d.clock_end > MAX_SAFE_INT:
+            raise _reject("entry.format", f"store {name!r} covers an empty or out-of-range clock range")
+        if d.client != client:
+            raise _reject("entry.client", f"store {name!r} claims Yjs client {d.client}, the author writes as {client}")
+        stores[name] = d
+    # Exact canonical form: one logical header has one byte string, hence one id.
+    if _pack(body) != body_bytes:
+        raise _reject("entry.canonical", "header body is not in canonical msgpack form")
+    checked: dict[str, bytes | None] = {}
+    for name, update in payloads.items():
+        d = stores.get(name)
+        if d is None:
+            raise _reject("entry.payload", f"payload for store {name!r} that the header does not describe")
+        if update is None:
+            checked[name] = None
+            continue
+        if len(update) != d.length:
+            raise _reject("entry.payload", f"payload of store {name!r} has {len(update)} bytes, the header says {d.length}")
+        if hashlib.sha256(update).digest() != d.sha256:
+            raise _reject("entry.payload", f"payload of store {name!r} does not match its sha256")
+        checked[name] = bytes(update)
+    for name in stores:
+        checked.setdefault(name, None)
+    if not verify(author, DOMAIN_ENTRY, body_bytes, signature):
+        raise _reject("entry.signature", "signature does not verify for the author's key")
+    entry_id = id_of(header)
+    if expected_db is not None:
+        if is_root and entry_id != expected_db:
+            raise _reject("entry.db", "a root entry of another database")
+        if not is_root and db != expected_db:
+            raise _reject("entry.db", f"entry belongs to database {db}, not {expected_db}")
+    return Entry(entry_id, header, author, seq, prev, parents, ts, db, nonce, stores, checked)

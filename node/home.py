@@ -1,0 +1,107 @@
+"""The node's home directory: its storage, its keys, the databases it hosts.
+
+Layout (docs/architecture.md):
+    HOME/node.sqlite      the SQLite storage: signed logs, pending entries, peer-local data
+    HOME/keys/peer.key    the node's peer key (0600); agent and bank keys live beside it
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from auth.errors import MemmeshError
+from auth.keys import SigningKey
+from crdt.database import Database
+from node.keystore import load_key, save_key
+from node.storage import SqliteStorage
+
+STORAGE_FILE = "node.sqlite"
+KEYS_DIR = "keys"
+PEER_KEY = "peer.key"
+
+
+class NotInitialised(MemmeshError):
+    """The home has no node yet."""
+
+
+def default_home() -> Path:
+    """$MEMMESH_HOME, else the per-user data directory (XDG on Linux)."""
+    env = os.environ.get("MEMMESH_HOME")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "memmesh"
+
+
+class Node:
+    """One peer: a home directory, its storage, keys and hosted databases."""
+
+    def __init__(self, home: Path, storage: SqliteStorage, peer_key: SigningKey) -> None:
+        self.home = home
+        self.storage = storage
+        self.peer_key = peer_key
+        self._databases: dict[str, Database] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    @staticmethod
+    def is_initialised(home: Path | str) -> bool:
+        return (Path(home) / KEYS_DIR / PEER_KEY).exists()
+
+    @classmethod
+    def init(cls, home: Path | str) -> tuple["Node", bool]:
+        """Create the node in ``home`` if it is new; returns (node, created)."""
+        home = Path(home)
+        created = not cls.is_initialised(home)
+        if created:
+            home.mkdir(parents=True, exist_ok=True)
+            save_key(home / KEYS_DIR / PEER_KEY, SigningKey.generate())
+        return cls.open(home), created
+
+    @classmethod
+    def open(cls, home: Path | str, *, create: bool = False) -> "Node":
+        home = Path(home)
+        if not cls.is_initialised(home):
+            if create:
+                return cls.init(home)[0]
+            raise NotInitialised(f"no memmesh node in {home}; run: memmesh --home {home} init")
+        peer_key = load_key(home / KEYS_DIR / PEER_KEY)
+        storage = SqliteStorage(home / STORAGE_FILE)
+        return cls(home, storage, peer_key)
+
+    def close(self) -> None:
+        self._databases.clear()
+        self.storage.close()
+
+    def __enter__(self) -> "Node":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ keys
+    def key_path(self, name: str) -> Path:
+        return self.home / KEYS_DIR / f"{name}.key"
+
+    def new_key(self, name: str) -> SigningKey:
+        key = SigningKey.generate()
+        save_key(self.key_path(name), key)
+        return key
+
+    def load_key(self, name: str) -> SigningKey:
+        return load_key(self.key_path(name))
+
+    # ------------------------------------------------------------------ databases
+    def database_ids(self) -> list[str]:
+        return self.storage.databases()
+
+    def database(self, db_id: str) -> Database:
+        db = self._databases.get(db_id)
+        if db is None:
+            db = self._databases[db_id] = Database.open(self.storage, db_id)
+        return db
+
+    def create_database(self, admin: SigningKey, meta: dict[str, Any]) -> Database:
+        db = Database.create(self.storage, admin, meta=meta)
+        self._databases[db.id] = db
+        return db

@@ -1,0 +1,49 @@
+"""Private keys on disk: one file per key, mode 0600, in the node's home.
+
+This is the only place private key bytes touch the file system. The format is auth's
+(``ed25519-private:<base64url seed>``); this module only moves bytes and sets permissions.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from auth.errors import KeyFormatError, MemmeshError
+from auth.keys import SigningKey, decode_private, encode_private
+
+
+class KeyStoreError(MemmeshError):
+    """A key file is missing, unreadable or readable by others."""
+
+
+def save_key(path: Path, key: SigningKey) -> None:
+    """Write a new key file with mode 0600; refuses to overwrite an existing key."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    data = encode_private(key)
+    # O_EXCL: never replace a key that something may still depend on.
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as exc:
+        raise KeyStoreError(f"key file {path} already exists; not overwriting it") from exc
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(path, 0o600)  # the umask may have narrowed it further; never wider
+
+
+def load_key(path: Path) -> SigningKey:
+    try:
+        st = path.stat()
+    except FileNotFoundError as exc:
+        raise KeyStoreError(f"no key file at {path}") from exc
+    if st.st_mode & 0o077:
+        raise KeyStoreError(
+            f"key file {path} is readable by other users (mode {st.st_mode & 0o777:o}); "
+            f"run: chmod 600 {path}"
+        )
+    try:
+        return decode_private(path.read_bytes())
+    except KeyFormatError as exc:
+        raise KeyStoreError(f"key file {path} is damaged: {exc}") from exc

@@ -196,6 +196,9 @@ def decode_entry(
     total = len(header) + sum(len(p) for p in payloads.values() if p is not None)
     if total > MAX_ENTRY_BYTES:
         raise _reject("entry.size", f"entry of {total} bytes exceeds {MAX_ENTRY_BYTES}")
+    for name, update in payloads.items():
+        if update is not None and len(update) > MAX_PAYLOAD_BYTES:
+            raise _reject("entry.size", f"payload of store {name!r} has {len(update)} bytes, more than {MAX_PAYLOAD_BYTES}")
     if len(header) < 70 or header[0] != 0x92 or header[-66:-64] != _SIG_TRAILER:
         raise _reject("entry.format", "a signed header is the msgpack array [body, 64-byte signature]")
     body_bytes = header[1:-66]

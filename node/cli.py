@@ -50,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemmeshError as exc:
         print(f"memmesh: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # the file system refused: say which file and why
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"memmesh: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     _render(result, as_json)

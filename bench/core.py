@@ -1,0 +1,152 @@
+"""Core throughput: signature checks vs. accepting entries.
+
+    python bench/core.py [--quick] [--json PATH]
+
+Measures, in one run on real components (Ed25519 keys, SQLite in WAL mode on a temporary
+file, real pycrdt documents):
+
+* ed25519_verify_per_s        raw Ed25519 verifications (cryptography / OpenSSL)
+* yjs_decode_per_s            strict decodes of a one-row update
+* local_commit_entries_per_s  local writes: one memory row each, signed, validated, committed
+* remote_apply_entries_per_s  received entries validated, stored and applied, fed in batches
+
+Target (issue 2): remote_apply_entries_per_s >= 0.6 x ed25519_verify_per_s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from auth.keys import DOMAIN_ENTRY, SigningKey  # noqa: E402
+from auth.ops import GrantOp  # noqa: E402
+from crdt.database import Database  # noqa: E402
+from crdt.yjs import decode_append_update, encode_rows  # noqa: E402
+from node.storage import SqliteStorage  # noqa: E402
+
+TEXT = ("The deploy process uses nix build and then copies the closure to prod; "
+        "remember to push the cache afterwards and tag the release.")
+
+
+def _rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else float("inf")
+
+
+def bench_verify(n: int) -> float:
+    key = SigningKey.generate()
+    msg = os.urandom(300)
+    sig = key.sign(DOMAIN_ENTRY, msg)
+    pub = key.public
+    t = time.perf_counter()
+    for _ in range(n):
+        pub.verify(DOMAIN_ENTRY, msg, sig)
+    return _rate(n, time.perf_counter() - t)
+
+
+def bench_yjs(n: int) -> float:
+    upd = encode_rows(12345, 7, "memory", [("12345/7", {"key": "deploy", "value": TEXT, "tags": ["ops"]})])
+    t = time.perf_counter()
+    for _ in range(n):
+        decode_append_update(upd, root="memory", client=12345)
+    return _rate(n, time.perf_counter() - t)
+
+
+def bench_local(tmp: Path, n: int) -> tuple[float, Database, SigningKey]:
+    storage = SqliteStorage(tmp / "local.sqlite")
+    admin, writer = SigningKey.generate(), SigningKey.generate()
+    db = Database.create(storage, admin, meta={"kind": "bank", "display_name": "bench"})
+    db.change_settings(admin, [GrantOp(str(writer.public), "write", 10)])
+    t = time.perf_counter()
+    for i in range(n):
+        txn = db.transaction(writer)
+        txn.append("memory", {"key": f"k{i}", "value": TEXT, "tags": ["bench"]})
+        txn.commit()
+    return _rate(n, time.perf_counter() - t), db, writer
+
+
+def bench_remote(tmp: Path, source: Database, batch: int) -> tuple[float, int]:
+    entries = [(s.header, dict(s.payloads)) for s in source.storage.entries(source.id)]
+    storage = SqliteStorage(tmp / "remote.sqlite")
+    storage.add_database(source.id)
+    db = Database(storage, source.id)
+    db.ingest(entries[:2])  # root and grant: not part of the steady state
+    rest = entries[2:]
+    t = time.perf_counter()
+    for i in range(0, len(rest), batch):
+        result = db.ingest(rest[i:i + batch])
+        if result.rejected or result.pending:
+            raise SystemExit(f"bench: entries refused: {result.rejected[:3]}")
+    rate = _rate(len(rest), time.perf_counter() - t)
+    if len(db.rows("memory")) != len(rest):
+        raise SystemExit("bench: not every entry was applied")
+    return rate, len(rest)
+
+
+def machine() -> dict[str, str | int]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count() or 0, "python": platform.python_version(),
+            "system": f"{platform.system()} {platform.release()}"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args()
+    n_verify = 2000 if args.quick else 20000
+    n_entries = 1000 if args.quick else 10000
+    batch = 500
+    with tempfile.TemporaryDirectory(prefix="memmesh-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        verify = bench_verify(n_verify)
+        yjs = bench_yjs(n_verify * 5)
+        local, source, _ = bench_local(tmp, n_entries)
+        remote, count = bench_remote(tmp, source, batch)
+    results = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "quick": args.quick,
+        "entries": count,
+        "batch": batch,
+        "ed25519_verify_per_s": round(verify),
+        "yjs_decode_per_s": round(yjs),
+        "local_commit_entries_per_s": round(local),
+        "remote_apply_entries_per_s": round(remote),
+        "remote_over_verify": round(remote / verify, 3),
+        "target_remote_over_verify": 0.6,
+    }
+    rows = [
+        ("ed25519_verify_per_s", results["ed25519_verify_per_s"]),
+        ("yjs_decode_per_s", results["yjs_decode_per_s"]),
+        ("local_commit_entries_per_s", results["local_commit_entries_per_s"]),
+        ("remote_apply_entries_per_s", results["remote_apply_entries_per_s"]),
+        ("remote / verify (target >= 0.6)", results["remote_over_verify"]),
+    ]
+    print(f"memmesh core benchmark  {results['date']}  {results['machine']['cpu']} x{results['machine']['cores']}")
+    print(f"{'metric':<34}{'value':>14}")
+    for name, value in rows:
+        print(f"{name:<34}{value:>14,}" if isinstance(value, int) else f"{name:<34}{value:>14}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,415 @@
+"""The storage interface: one node's durable state, behind a small synchronous API.
+
+Pure: no I/O here and no sqlite import. ``node.storage.SqliteStorage`` is the real adapter;
+``MemoryStorage`` below is the dict-based reference that defines the semantics, and both must
+pass the same conformance suite (tests/storage_conformance.py).
+
+What is stored
+--------------
+* **The signed log, per database.** ``StoredEntry`` values keyed by entry id, in the order they
+  were first stored. The header bytes are kept exactly as given (they are signed; never
+  re-encoded). Each payload (pycrdt update bytes, one per store the entry touches) can later be
+  erased: it becomes ``None`` while the header, and so the entry id and signature, stay.
+* **Pending entries**, per database: entries that arrived before some of their parents, with
+  the ids of the parents they wait for. Bounded (entry count and bytes per database) so that a
+  peer cannot fill the disk with orphans.
+* **Peer-local records** (never synced): small namespaced key/value byte strings.
+
+Semantics every adapter follows
+-------------------------------
+* ``append`` is one atomic transaction: either every new entry of the batch (and every
+  ``drop_pending`` id) is stored, or nothing changes. It returns only after the transaction
+  is committed, so a caller may acknowledge what it returned for.
+* An entry whose id is already in the log is skipped, whatever its payloads: re-receiving an
+  entry never resurrects an erased payload. Within one batch, the first copy of an id wins.
+* Operations on a database that was never added raise ``StorageError``; so do
+  ``erase_payload`` on an unknown entry or store, a full pending area, and any use after
+  ``close()``. Arguments of the wrong type raise ``TypeError``, malformed names ``ValueError``;
+  both are checked for the whole batch as it is written, and leave the storage unchanged.
+* Names (database ids, entry ids, store names, local namespaces and keys) are non-empty
+  ``str`` without NUL characters, encodable as UTF-8. Byte values accept ``bytes``,
+  ``bytearray`` or ``memoryview`` and are returned as ``bytes``.
+* Payload mappings are returned read-only, ordered by store name.
+* All methods are synchronous and serialised by a lock: safe to call from an asyncio thread
+  and a worker thread at once (one writer at a time).
+"""
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from crdt.errors import StorageError
+
+__all__ = [
+    "DEFAULT_MAX_PENDING",
+    "DEFAULT_MAX_PENDING_BYTES",
+    "MemoryStorage",
+    "Storage",
+    "StorageError",
+    "StoredEntry",
+    "check_bytes",
+    "check_ids",
+    "check_limit",
+    "check_name",
+    "check_entry",
+    "freeze_payloads",
+    "pending_full_error",
+]
+
+DEFAULT_MAX_PENDING = 10_000
+DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """One entry as stored: id, the exact signed header bytes, and its payloads."""
+
+    id: str  # "sha256:<hex>" of ``header``
+    header: bytes  # the exact signed header bytes, never re-encoded
+    payloads: Mapping[str, bytes | None]  # store name -> update bytes; None = erased
+
+    @property
+    def size(self) -> int:
+        """Bytes this entry occupies for the pending bound: header plus payloads."""
+        return len(self.header) + sum(len(p) for p in self.payloads.values() if p is not None)
+
+
+# --------------------------------------------------------------------------- validation
+# Shared by every adapter so that they accept and refuse exactly the same input.
+
+
+def check_name(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL characters: {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid Unicode text: {value!r}") from None
+    return value
+
+
+def check_bytes(value: object, what: str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
+
+
+def check_ids(ids: object, what: str) -> tuple[str, ...]:
+    """A sequence of names (a bare str is refused: it would be read as characters)."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{what} must be a sequence of str, not {type(ids).__name__}")
+    return tuple(check_name(i, what) for i in ids)
+
+
+def check_entry(entry: object) -> StoredEntry:
+    """Validate one entry and return a normalised, immutable copy.
+
+    The copy holds ``bytes`` (not bytearray/memoryview) and a read-only payload mapping
+    ordered by store name, so that what an adapter returns never aliases caller data.
+    """
+    if not isinstance(entry, StoredEntry):
+        raise TypeError(f"expected a StoredEntry, not {type(entry).__name__}")
+    entry_id = check_name(entry.id, "entry id")
+    header = check_bytes(entry.header, f"header of {entry_id}")
+    if not isinstance(entry.payloads, Mapping):
+        raise TypeError(f"payloads of {entry_id} must be a mapping, not {type(entry.payloads).__name__}")
+    payloads: dict[str, bytes | None] = {}
+    for store, data in entry.payloads.items():
+        check_name(store, f"store name in {entry_id}")
+        payloads[store] = None if data is None else check_bytes(data, f"payload {store!r} of {entry_id}")
+    return StoredEntry(entry_id, header, freeze_payloads(payloads))
+
+
+def freeze_payloads(payloads: Mapping[str, bytes | None]) -> Mapping[str, bytes | None]:
+    return MappingProxyType(dict(sorted(payloads.items())))
+
+
+def pending_full_error(db_id: str, count: int, nbytes: int, max_pending: int, max_bytes: int) -> StorageError:
+    return StorageError(
+        f"pending area full for database {db_id}: it would hold {count} entries / {nbytes} bytes "
+        f"waiting for missing parents (limits: {max_pending} entries, {max_bytes} bytes); "
+        "drop pending entries or fetch their parents first"
+    )
+
+
+def check_limit(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    return value
+
+
+# --------------------------------------------------------------------------- interface
+
+
+class Storage(ABC):
+    """One node's durable state. All methods are synchronous and thread-safe enough for one
+    writer (calls are serialised). See the module docstring for the exact semantics."""
+
+    max_pending: int
+    max_pending_bytes: int
+
+    # --- the signed log, per database ---
+    @abstractmethod
+    def add_database(self, db_id: str) -> None:
+        """Register a database; idempotent."""
+
+    @abstractmethod
+    def databases(self) -> list[str]:
+        """Database ids in creation order."""
+
+    @abstractmethod
+    def append(
+        self, db_id: str, entries: Iterable[StoredEntry], *, drop_pending: Sequence[str] = ()
+    ) -> int:
+        """Store ``entries`` and remove the pending entries ``drop_pending`` in ONE atomic
+        transaction. Entries already present (same id) are skipped. Returns how many entries
+        were new. Durable when it returns."""
+
+    @abstractmethod
+    def entries(self, db_id: str) -> Iterator[StoredEntry]:
+        """Entries in append order (the order they were first stored)."""
+
+    @abstractmethod
+    def get(self, db_id: str, entry_id: str) -> StoredEntry | None: ...
+
+    @abstractmethod
+    def has(self, db_id: str, entry_id: str) -> bool: ...
+
+    @abstractmethod
+    def count(self, db_id: str) -> int: ...
+
+    @abstractmethod
+    def erase_payload(self, db_id: str, entry_id: str, store: str) -> None:
+        """Erase one payload: it becomes None, the header stays. Idempotent; raises
+        StorageError if the entry or the store is unknown."""
+
+    # --- entries waiting for missing parents, bounded ---
+    @abstractmethod
+    def put_pending(self, db_id: str, entry: StoredEntry, missing: Sequence[str]) -> None:
+        """Store (or replace, keeping its place) a pending entry with the parent ids it waits
+        for. Raises StorageError("pending area full ...") if the database would then hold more
+        than ``max_pending`` entries or ``max_pending_bytes`` bytes (StoredEntry.size)."""
+
+    @abstractmethod
+    def pending(self, db_id: str) -> list[tuple[StoredEntry, tuple[str, ...]]]:
+        """Pending entries with their missing parents, in the order first put."""
+
+    @abstractmethod
+    def drop_pending(self, db_id: str, entry_ids: Sequence[str]) -> None:
+        """Remove pending entries; unknown ids are ignored."""
+
+    # --- peer-local data (never synced) ---
+    @abstractmethod
+    def get_local(self, ns: str, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    def put_local(self, ns: str, key: str, value: bytes) -> None: ...
+
+    @abstractmethod
+    def delete_local(self, ns: str, key: str) -> bool:
+        """Delete a record; True if it existed."""
+
+    @abstractmethod
+    def items_local(self, ns: str) -> list[tuple[str, bytes]]:
+        """All records of a namespace, sorted by key."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release resources; idempotent. Any later call raises StorageError."""
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- reference
+
+
+class _Db:
+    __slots__ = ("log", "order", "pending", "pending_bytes")
+
+    def __init__(self) -> None:
+        self.log: dict[str, StoredEntry] = {}
+        self.order: list[str] = []  # append order; the log only grows, so positions are stable
+        self.pending: dict[str, tuple[StoredEntry, tuple[str, ...]]] = {}
+        self.pending_bytes = 0  # sum of StoredEntry.size over ``pending``
+
+    def unpend(self, entry_id: str) -> None:
+        item = self.pending.pop(entry_id, None)
+        if item is not None:
+            self.pending_bytes -= item[0].size
+
+
+class MemoryStorage(Storage):
+    """The reference adapter: plain dicts, nothing survives the process."""
+
+    def __init__(
+        self, *, max_pending: int = DEFAULT_MAX_PENDING, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
+    ) -> None:
+        self.max_pending = check_limit(max_pending, "max_pending")
+        self.max_pending_bytes = check_limit(max_pending_bytes, "max_pending_bytes")
+        self._dbs: dict[str, _Db] = {}
+        self._local: dict[str, dict[str, bytes]] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+
+    def _open(self) -> None:
+        if self._closed:
+            raise StorageError("storage is closed")
+
+    def _db(self, db_id: str) -> _Db:
+        self._open()
+        check_name(db_id, "database id")
+        try:
+            return self._dbs[db_id]
+        except KeyError:
+            raise StorageError(f"unknown database {db_id}") from None
+
+    # --- log
+    def add_database(self, db_id: str) -> None:
+        with self._lock:
+            self._open()
+            check_name(db_id, "database id")
+            self._dbs.setdefault(db_id, _Db())
+
+    def databases(self) -> list[str]:
+        with self._lock:
+            self._open()
+            return list(self._dbs)
+
+    def append(
+        self, db_id: str, entries: Iterable[StoredEntry], *, drop_pending: Sequence[str] = ()
+    ) -> int:
+        with self._lock:
+            db = self._db(db_id)
+            # Validate everything first; applying below cannot fail, so the batch is atomic.
+            drop = check_ids(drop_pending, "drop_pending")
+            new: dict[str, StoredEntry] = {}
+            for raw in entries:
+                entry = check_entry(raw)
+                if entry.id not in db.log and entry.id not in new:
+                    new[entry.id] = entry
+            db.log.update(new)
+            db.order.extend(new)
+            for entry_id in drop:
+                db.unpend(entry_id)
+            return len(new)
+
+    def entries(self, db_id: str) -> Iterator[StoredEntry]:
+        with self._lock:
+            db = self._db(db_id)
+        return self._iter_entries(db)
+
+    def _iter_entries(self, db: _Db) -> Iterator[StoredEntry]:
+        position = 0
+        while True:
+            with self._lock:
+                self._open()
+                page = [db.log[i] for i in db.order[position : position + 512]]
+            if not page:
+                return
+            position += len(page)
+            yield from page
+
+    def get(self, db_id: str, entry_id: str) -> StoredEntry | None:
+        with self._lock:
+            db = self._db(db_id)
+            return db.log.get(check_name(entry_id, "entry id"))
+
+    def has(self, db_id: str, entry_id: str) -> bool:
+        with self._lock:
+            db = self._db(db_id)
+            return check_name(entry_id, "entry id") in db.log
+
+    def count(self, db_id: str) -> int:
+        with self._lock:
+            return len(self._db(db_id).log)
+
+    def erase_payload(self, db_id: str, entry_id: str, store: str) -> None:
+        with self._lock:
+            db = self._db(db_id)
+            check_name(entry_id, "entry id")
+            check_name(store, "store name")
+            entry = db.log.get(entry_id)
+            if entry is None:
+                raise StorageError(f"cannot erase: unknown entry {entry_id} in database {db_id}")
+            if store not in entry.payloads:
+                raise StorageError(f"cannot erase: entry {entry_id} has no payload for store {store!r}")
+            payloads = dict(entry.payloads)
+            payloads[store] = None
+            db.log[entry_id] = StoredEntry(entry.id, entry.header, freeze_payloads(payloads))
+
+    # --- pending
+    def put_pending(self, db_id: str, entry: StoredEntry, missing: Sequence[str]) -> None:
+        with self._lock:
+            db = self._db(db_id)
+            entry = check_entry(entry)
+            missing_t = check_ids(missing, "missing parent id")
+            old = db.pending.get(entry.id)
+            count = len(db.pending) + (old is None)
+            nbytes = db.pending_bytes + entry.size - (old[0].size if old else 0)
+            if count > self.max_pending or nbytes > self.max_pending_bytes:
+                raise pending_full_error(db_id, count, nbytes, self.max_pending, self.max_pending_bytes)
+            db.pending[entry.id] = (entry, missing_t)
+            db.pending_bytes = nbytes
+
+    def pending(self, db_id: str) -> list[tuple[StoredEntry, tuple[str, ...]]]:
+        with self._lock:
+            return list(self._db(db_id).pending.values())
+
+    def drop_pending(self, db_id: str, entry_ids: Sequence[str]) -> None:
+        with self._lock:
+            db = self._db(db_id)
+            for entry_id in check_ids(entry_ids, "pending entry id"):
+                db.unpend(entry_id)
+
+    # --- local
+    def get_local(self, ns: str, key: str) -> bytes | None:
+        with self._lock:
+            self._open()
+            check_name(ns, "namespace")
+            check_name(key, "key")
+            return self._local.get(ns, {}).get(key)
+
+    def put_local(self, ns: str, key: str, value: bytes) -> None:
+        with self._lock:
+            self._open()
+            check_name(ns, "namespace")
+            check_name(key, "key")
+            self._local.setdefault(ns, {})[key] = check_bytes(value, "value")
+
+    def delete_local(self, ns: str, key: str) -> bool:
+        with self._lock:
+            self._open()
+            check_name(ns, "namespace")
+            check_name(key, "key")
+            records = self._local.get(ns)
+            if records is None or key not in records:
+                return False
+            del records[key]
+            if not records:
+                del self._local[ns]
+            return True
+
+    def items_local(self, ns: str) -> list[tuple[str, bytes]]:
+        with self._lock:
+            self._open()
+            check_name(ns, "namespace")
+            return sorted(self._local.get(ns, {}).items())
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True

@@ -1,0 +1,466 @@
+"""The storage conformance suite: every adapter of crdt.storage.Storage must pass it.
+
+Use it by subclassing ``StorageConformance`` in a test module (the class name must start
+with ``Test`` there) and implementing ``open_storage`` and, for durable adapters, ``reopen``::
+
+    class TestMyStorage(StorageConformance):
+        def open_storage(self, location, **limits):
+            return MyStorage(location / "store", **limits)
+
+``location`` is an empty per-test directory; ``limits`` are ``max_pending`` /
+``max_pending_bytes`` when a test needs them.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from pathlib import Path
+
+import pytest
+
+from crdt.errors import StorageError
+from crdt.storage import Storage, StoredEntry
+
+_counter = itertools.count()
+
+
+def make_entry(size: int = 40, stores: tuple[str, ...] = ("memory",), tag: str = "") -> StoredEntry:
+    """A self-consistent entry: id = sha256 of the header; payload bytes derived from the id."""
+    n = next(_counter)
+    header = f"hdr:{n}:{tag}:".encode() + bytes(range(256))[: size % 256]
+    entry_id = "sha256:" + hashlib.sha256(header).hexdigest()
+    payloads = {s: hashlib.sha256(f"{entry_id}/{s}".encode()).digest() * (1 + size // 32) for s in stores}
+    return StoredEntry(entry_id, header, payloads)
+
+
+class StorageConformance:
+    """Behaviour every Storage adapter shares. Subclasses provide open_storage/reopen."""
+
+    def open_storage(self, location: Path, **limits: int) -> Storage:  # pragma: no cover
+        raise NotImplementedError
+
+    def reopen(self, storage: Storage, location: Path, **limits: int) -> Storage:
+        """Close and reopen the same durable state. Non-durable adapters return ``storage``."""
+        return storage
+
+    # ----------------------------------------------------------------- fixtures
+
+    @pytest.fixture
+    def location(self, tmp_path: Path) -> Path:
+        return tmp_path
+
+    @pytest.fixture
+    def store(self, location: Path):
+        s = self.open_storage(location)
+        s.add_database("db-a")
+        yield s
+        s.close()
+
+    # ----------------------------------------------------------------- databases
+
+    def test_add_database_idempotent_and_ordered(self, location):
+        s = self.open_storage(location)
+        for name in ["z", "a", "m", "a", "z"]:
+            s.add_database(name)
+        assert s.databases() == ["z", "a", "m"]
+        s = self.reopen(s, location)
+        assert s.databases() == ["z", "a", "m"]
+        s.close()
+
+    def test_unknown_database_raises(self, store):
+        e = make_entry()
+        for call in [
+            lambda: store.append("nope", [e]),
+            lambda: store.entries("nope"),
+            lambda: store.get("nope", e.id),
+            lambda: store.has("nope", e.id),
+            lambda: store.count("nope"),
+            lambda: store.erase_payload("nope", e.id, "memory"),
+            lambda: store.put_pending("nope", e, ["sha256:x"]),
+            lambda: store.pending("nope"),
+            lambda: store.drop_pending("nope", [e.id]),
+        ]:
+            with pytest.raises(StorageError, match="unknown database"):
+                call()
+
+    def test_databases_are_separate(self, store):
+        store.add_database("db-b")
+        a, b = make_entry(), make_entry()
+        store.append("db-a", [a])
+        store.append("db-b", [b, a])
+        assert [e.id for e in store.entries("db-a")] == [a.id]
+        assert [e.id for e in store.entries("db-b")] == [b.id, a.id]
+        assert not store.has("db-a", b.id) and store.has("db-b", b.id)
+        store.erase_payload("db-b", a.id, "memory")
+        assert store.get("db-a", a.id).payloads["memory"] == a.payloads["memory"]
+
+    # ----------------------------------------------------------------- append
+
+    def test_append_get_has_count(self, store):
+        entries = [make_entry(size=i * 7, stores=("memory", "embeddings:x/y")[: 1 + i % 2]) for i in range(10)]
+        assert store.count("db-a") == 0
+        assert store.append("db-a", entries) == 10
+        assert store.count("db-a") == 10
+        for e in entries:
+            assert store.has("db-a", e.id)
+            got = store.get("db-a", e.id)
+            assert got == e
+            assert type(got.header) is bytes
+            assert all(type(v) is bytes for v in got.payloads.values())
+        assert store.get("db-a", "sha256:unknown") is None
+        assert not store.has("db-a", "sha256:unknown")
+
+    def test_append_order_preserved(self, store):
+        entries = [make_entry(size=i) for i in range(1200)]  # more than one read page
+        store.append("db-a", entries[:3])
+        store.append("db-a", entries[3:700])
+        store.append("db-a", entries[700:])
+        assert [e.id for e in store.entries("db-a")] == [e.id for e in entries]
+        assert list(store.entries("db-a")) == entries
+
+    def test_order_is_first_stored_not_id_order(self, store):
+        entries = sorted((make_entry() for _ in range(20)), key=lambda e: e.id, reverse=True)
+        store.append("db-a", entries)
+        assert [e.id for e in store.entries("db-a")] == [e.id for e in entries]
+
+    def test_append_idempotent(self, store):
+        a, b, c = make_entry(), make_entry(), make_entry()
+        assert store.append("db-a", [a, b]) == 2
+        assert store.append("db-a", [a, b]) == 0
+        assert store.append("db-a", [b, c, a]) == 1
+        assert [e.id for e in store.entries("db-a")] == [a.id, b.id, c.id]
+        assert store.count("db-a") == 3
+
+    def test_duplicate_within_batch_first_copy_wins(self, store):
+        a = make_entry()
+        other = StoredEntry(a.id, a.header, {"memory": b"different"})
+        assert store.append("db-a", [a, other, a]) == 1
+        assert store.get("db-a", a.id) == a
+
+    def test_reappend_does_not_resurrect_erased_payload(self, store):
+        a = make_entry()
+        store.append("db-a", [a])
+        store.erase_payload("db-a", a.id, "memory")
+        assert store.append("db-a", [a]) == 0
+        assert store.get("db-a", a.id).payloads == {"memory": None}
+
+    def test_empty_append(self, store):
+        assert store.append("db-a", []) == 0
+        assert store.count("db-a") == 0
+
+    def test_append_accepts_any_iterable_and_bytes_like(self, store):
+        a = make_entry()
+        loose = StoredEntry(a.id, bytearray(a.header), {"memory": memoryview(a.payloads["memory"])})
+        assert store.append("db-a", (e for e in [loose])) == 1
+        assert store.get("db-a", a.id) == a
+
+    def test_empty_and_none_payloads(self, store):
+        e = StoredEntry("sha256:e", b"", {"a": b"", "b": None})
+        f = StoredEntry("sha256:f", b"h", {})
+        store.append("db-a", [e, f])
+        assert store.get("db-a", e.id) == e
+        assert store.get("db-a", e.id).payloads["a"] == b""
+        assert store.get("db-a", e.id).payloads["b"] is None
+        assert store.get("db-a", f.id) == f
+
+    def test_payloads_returned_read_only_and_sorted(self, store):
+        payloads = {"z": b"1", "a": b"2", "m": b"3"}
+        e = StoredEntry("sha256:p", b"h", payloads)
+        store.append("db-a", [e])
+        payloads["z"] = b"changed by caller"  # the storage must not alias caller data
+        got = store.get("db-a", e.id)
+        assert list(got.payloads) == ["a", "m", "z"]
+        assert got.payloads["z"] == b"1"
+        with pytest.raises(TypeError):
+            got.payloads["a"] = b"x"  # type: ignore[index]
+
+    @pytest.mark.parametrize(
+        "bad, exc",
+        [
+            (lambda e: StoredEntry(e.id, e.header, {5: b"x"}), TypeError),  # store name not a str
+            (lambda e: StoredEntry(e.id, e.header, {"": b"x"}), ValueError),
+            (lambda e: StoredEntry(e.id, e.header, {"s": "text"}), TypeError),
+            (lambda e: StoredEntry(e.id, "text", {}), TypeError),
+            (lambda e: StoredEntry(42, e.header, {}), TypeError),
+            (lambda e: StoredEntry("", e.header, {}), ValueError),
+            (lambda e: StoredEntry("a\x00b", e.header, {}), ValueError),
+            (lambda e: StoredEntry("\ud800", e.header, {}), ValueError),
+            (lambda e: StoredEntry(e.id, e.header, [("memory", b"x")]), TypeError),
+            (lambda e: ("not", "an", "entry"), TypeError),
+        ],
+    )
+    def test_append_atomic(self, store, bad, exc):
+        store.add_database("db-b")
+        before = make_entry()
+        store.append("db-a", [before])
+        good = [make_entry(size=300) for _ in range(5)]
+        store.put_pending("db-a", make_entry(tag="p"), ["sha256:parent"])
+        pending_before = store.pending("db-a")
+        batch = [*good[:3], bad(make_entry()), *good[3:]]
+        with pytest.raises(exc):
+            store.append("db-a", batch, drop_pending=[pending_before[0][0].id])
+        # nothing of the batch is there, nothing else changed, and the storage still works
+        assert [e.id for e in store.entries("db-a")] == [before.id]
+        assert store.count("db-a") == 1
+        assert not any(store.has("db-a", e.id) for e in good)
+        assert store.pending("db-a") == pending_before
+        assert store.append("db-a", good) == 5
+        assert store.count("db-a") == 6
+
+    def test_append_atomic_when_iterable_fails(self, store):
+        good = [make_entry() for _ in range(4)]
+
+        def batch():
+            yield from good[:2]
+            raise RuntimeError("producer failed")
+
+        with pytest.raises(RuntimeError):
+            store.append("db-a", batch())
+        assert store.count("db-a") == 0
+        assert store.append("db-a", good) == 4
+
+    def test_bad_arguments(self, store):
+        e = make_entry()
+        with pytest.raises(TypeError):
+            store.add_database(7)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            store.add_database("")
+        with pytest.raises(TypeError):
+            store.append("db-a", [e], drop_pending="sha256:abc")  # a bare str is refused
+        with pytest.raises(TypeError):
+            store.put_pending("db-a", e, "sha256:abc")
+        with pytest.raises(TypeError):
+            store.drop_pending("db-a", "sha256:abc")
+        with pytest.raises(TypeError):
+            store.get("db-a", None)  # type: ignore[arg-type]
+        assert store.count("db-a") == 0 and store.pending("db-a") == []
+
+    # ----------------------------------------------------------------- erase
+
+    def test_erase_keeps_header(self, store):
+        a = make_entry(stores=("memory", "embeddings:p/m"))
+        b = make_entry()
+        store.append("db-a", [a, b])
+        store.erase_payload("db-a", a.id, "memory")
+        got = store.get("db-a", a.id)
+        assert got.id == a.id and got.header == a.header
+        assert got.payloads == {"memory": None, "embeddings:p/m": a.payloads["embeddings:p/m"]}
+        assert [e.id for e in store.entries("db-a")] == [a.id, b.id]  # order unchanged
+        assert list(store.entries("db-a"))[0] == got
+        assert store.get("db-a", b.id) == b
+        store.erase_payload("db-a", a.id, "memory")  # idempotent
+        assert store.get("db-a", a.id) == got
+
+    def test_erase_unknown_raises(self, store):
+        a = make_entry()
+        store.append("db-a", [a])
+        with pytest.raises(StorageError, match="unknown entry"):
+            store.erase_payload("db-a", "sha256:nope", "memory")
+        with pytest.raises(StorageError, match="no payload"):
+            store.erase_payload("db-a", a.id, "config")
+        assert store.get("db-a", a.id) == a
+
+    # ----------------------------------------------------------------- pending
+
+    def test_pending_roundtrip(self, store):
+        a, b = make_entry(), make_entry(stores=("memory", "meta"))
+        store.put_pending("db-a", a, ["sha256:p1", "sha256:p2"])
+        store.put_pending("db-a", b, ("sha256:p1",))
+        assert store.pending("db-a") == [(a, ("sha256:p1", "sha256:p2")), (b, ("sha256:p1",))]
+        assert store.count("db-a") == 0  # pending is not in the log
+        assert not store.has("db-a", a.id)
+
+    def test_pending_replace_keeps_position(self, store):
+        a, b = make_entry(), make_entry()
+        store.put_pending("db-a", a, ["sha256:p1"])
+        store.put_pending("db-a", b, ["sha256:p2"])
+        store.put_pending("db-a", a, ["sha256:p3"])
+        assert store.pending("db-a") == [(a, ("sha256:p3",)), (b, ("sha256:p2",))]
+
+    def test_pending_per_database(self, store):
+        store.add_database("db-b")
+        a = make_entry()
+        store.put_pending("db-a", a, ["sha256:p"])
+        assert store.pending("db-b") == []
+        store.put_pending("db-b", a, [])
+        assert store.pending("db-b") == [(a, ())]
+
+    def test_drop_pending(self, store):
+        a, b, c = make_entry(), make_entry(), make_entry()
+        for e in (a, b, c):
+            store.put_pending("db-a", e, ["sha256:p"])
+        store.drop_pending("db-a", [b.id, "sha256:never-pending"])
+        assert [e.id for e, _ in store.pending("db-a")] == [a.id, c.id]
+        store.drop_pending("db-a", [])
+        store.drop_pending("db-a", [a.id, c.id])
+        assert store.pending("db-a") == []
+
+    def test_append_with_drop_pending_is_one_step(self, store):
+        a, b = make_entry(), make_entry()
+        store.put_pending("db-a", a, ["sha256:p"])
+        store.put_pending("db-a", b, ["sha256:p"])
+        assert store.append("db-a", [a], drop_pending=[a.id]) == 1
+        assert [e.id for e, _ in store.pending("db-a")] == [b.id]
+        assert store.get("db-a", a.id) == a
+        assert store.append("db-a", [], drop_pending=[b.id]) == 0
+        assert store.pending("db-a") == []
+
+    def test_pending_bound_entries(self, location):
+        s = self.open_storage(location, max_pending=3)
+        s.add_database("d")
+        s.add_database("other")
+        entries = [make_entry() for _ in range(4)]
+        for e in entries[:3]:
+            s.put_pending("d", e, ["sha256:p"])
+        with pytest.raises(StorageError, match="pending area full") as info:
+            s.put_pending("d", entries[3], ["sha256:p"])
+        assert "3 entries" in str(info.value)
+        assert [e.id for e, _ in s.pending("d")] == [e.id for e in entries[:3]]
+        s.put_pending("d", entries[0], ["sha256:q"])  # replacing does not grow the count
+        s.put_pending("other", entries[3], [])  # the bound is per database
+        s.drop_pending("d", [entries[1].id])
+        s.put_pending("d", entries[3], ["sha256:p"])
+        assert len(s.pending("d")) == 3
+        s = self.reopen(s, location, max_pending=3)  # the bound holds across a reopen
+        with pytest.raises(StorageError, match="pending area full"):
+            s.put_pending("d", make_entry(), [])
+        s.close()
+
+    def test_pending_bound_bytes(self, location):
+        s = self.open_storage(location, max_pending_bytes=1000)
+        s.add_database("d")
+        big = StoredEntry("sha256:big", b"h" * 100, {"memory": b"x" * 500, "meta": None})  # 600 bytes
+        small = StoredEntry("sha256:small", b"h" * 100, {"memory": b"x" * 300})  # 400 bytes
+        assert big.size == 600 and small.size == 400
+        s.put_pending("d", big, ["sha256:p"])
+        s.put_pending("d", small, ["sha256:p"])  # exactly 1000: allowed
+        with pytest.raises(StorageError, match="pending area full") as info:
+            s.put_pending("d", StoredEntry("sha256:one", b"h", {}), [])
+        assert "1001 bytes" in str(info.value)
+        # growing an existing pending entry counts only the difference
+        with pytest.raises(StorageError, match="pending area full"):
+            s.put_pending("d", StoredEntry("sha256:small", b"h" * 101, {"memory": b"x" * 300}), [])
+        s.put_pending("d", StoredEntry("sha256:small", b"h" * 50, {"memory": b"x" * 300}), [])
+        s.put_pending("d", StoredEntry("sha256:one", b"h" * 50, {}), [])  # 600+350+50 = 1000
+        assert [e.id for e, _ in s.pending("d")] == ["sha256:big", "sha256:small", "sha256:one"]
+        with pytest.raises(StorageError, match="pending area full"):
+            s.put_pending("d", StoredEntry("sha256:huge", b"h" * 2000, {}), [])
+        s.close()
+
+    # ----------------------------------------------------------------- local records
+
+    def test_local_kv(self, store):
+        assert store.get_local("creds", "k") is None
+        assert store.items_local("creds") == []
+        store.put_local("creds", "k", b"v1")
+        store.put_local("creds", "a", bytearray(b"v2"))
+        store.put_local("creds", "K", b"")
+        store.put_local("other", "k", b"elsewhere")
+        assert store.get_local("creds", "k") == b"v1"
+        assert store.get_local("creds", "K") == b""
+        store.put_local("creds", "k", b"v3")  # overwrite
+        assert store.items_local("creds") == [("K", b""), ("a", b"v2"), ("k", b"v3")]
+        assert store.items_local("other") == [("k", b"elsewhere")]
+        assert store.delete_local("creds", "k") is True
+        assert store.delete_local("creds", "k") is False
+        assert store.delete_local("nowhere", "k") is False
+        assert store.get_local("creds", "k") is None
+        assert store.items_local("creds") == [("K", b""), ("a", b"v2")]
+        with pytest.raises(TypeError):
+            store.put_local("creds", "k", "text")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            store.put_local("", "k", b"v")
+
+    def test_local_sorted_by_code_point(self, store):
+        keys = ["b", "a", "é", "Z", "\U0001f600", "\uffff", "a0", "aa", "~"]
+        for k in keys:
+            store.put_local("ns", k, k.encode())
+        assert [k for k, _ in store.items_local("ns")] == sorted(keys)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def test_reopen_gives_identical_state(self, location):
+        s = self.open_storage(location, max_pending=50)
+        s.add_database("d1")
+        s.add_database("d2")
+        log = [make_entry(size=i * 13, stores=("memory", "meta")[: 1 + i % 2]) for i in range(30)]
+        s.append("d1", log[:20])
+        s.append("d2", log[10:])
+        s.erase_payload("d1", log[3].id, "memory")
+        s.put_pending("d1", make_entry(), ["sha256:a", "sha256:b"])
+        s.put_pending("d2", make_entry(), [])
+        s.put_local("ns", "k", b"v")
+        s.put_local("ns2", "k", b"w")
+
+        def snapshot(st: Storage):
+            return (
+                st.databases(),
+                {d: (list(st.entries(d)), st.count(d), st.pending(d)) for d in st.databases()},
+                st.items_local("ns"),
+                st.items_local("ns2"),
+            )
+
+        expected = snapshot(s)
+        s = self.reopen(s, location, max_pending=50)
+        assert snapshot(s) == expected
+        assert s.append("d1", log) == 10  # still appendable, dedup still works
+        s.close()
+
+    def test_closed_storage_raises(self, location):
+        s = self.open_storage(location)
+        s.add_database("d")
+        s.close()
+        s.close()  # idempotent
+        for call in [
+            lambda: s.add_database("e"),
+            lambda: s.databases(),
+            lambda: s.append("d", []),
+            lambda: s.count("d"),
+            lambda: s.get_local("n", "k"),
+            lambda: s.put_local("n", "k", b""),
+        ]:
+            with pytest.raises(StorageError, match="closed"):
+                call()
+
+    def test_context_manager_closes(self, location):
+        with self.open_storage(location) as s:
+            s.add_database("d")
+        with pytest.raises(StorageError, match="closed"):
+            s.databases()
+
+    def test_iteration_sees_a_consistent_prefix_while_appending(self, store):
+        first = [make_entry() for _ in range(600)]
+        store.append("db-a", first)
+        it = store.entries("db-a")
+        head = [next(it) for _ in range(10)]
+        later = [make_entry() for _ in range(5)]
+        store.append("db-a", later)
+        seen = head + list(it)
+        assert [e.id for e in seen] == [e.id for e in first + later]
+
+    def test_concurrent_writers_from_threads(self, store):
+        batches = [[make_entry(tag=f"t{t}") for _ in range(50)] for t in range(8)]
+        errors: list[BaseException] = []
+
+        def work(batch):
+            try:
+                for i in range(0, len(batch), 5):
+                    store.append("db-a", batch[i : i + 5])
+                    store.put_local("threads", batch[i].id, b"x")
+                    store.count("db-a")
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(b,)) for b in batches]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert store.count("db-a") == 400
+        assert len(store.items_local("threads")) == 80
+        ids = [e.id for e in store.entries("db-a")]
+        for b in batches:  # each thread's entries keep their relative order
+            positions = [ids.index(e.id) for e in b]
+            assert positions == sorted(positions)

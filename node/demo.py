@@ -16,7 +16,7 @@ from auth.ops import GrantOp, RevokeOp
 from crdt.database import Database
 from crdt.entry import client_id_for, sign_entry
 from crdt.yjs import encode_rows
-from node.home import Node
+from node.home import Home
 
 
 def _say(text: str = "") -> None:
@@ -29,7 +29,7 @@ def _short(key: object) -> str:
 
 
 def run(home: Path) -> int:
-    node, _ = Node.init(home)
+    node, _ = Home.init(home)
     _say(f"node home      {home}")
     _say(f"peer key       {node.peer_key.public}")
     bank_key = node.new_key("bank-demo")
@@ -64,7 +64,7 @@ def run(home: Path) -> int:
 
     _say("3. bob's laptop copies the bank, then the admin revokes bob")
     laptop_storage_home = home / "bob-laptop"
-    laptop = Node.init(laptop_storage_home)[0]
+    laptop = Home.init(laptop_storage_home)[0]
     laptop.storage.add_database(bank.id)
     replica = Database(laptop.storage, bank.id)
     replica.ingest((s.header, dict(s.payloads)) for s in node.storage.entries(bank.id))

@@ -14,6 +14,7 @@ from auth.errors import MemmeshError
 from auth.keys import SigningKey
 from crdt.database import Database
 from node.keystore import load_key, save_key
+from node.registry import Registry
 from node.storage import SqliteStorage
 
 STORAGE_FILE = "node.sqlite"
@@ -34,13 +35,14 @@ def default_home() -> Path:
     return Path(base) / "memmesh"
 
 
-class Node:
-    """One peer: a home directory, its storage, keys and hosted databases."""
+class Home:
+    """One peer's home: its storage, keys, registries and hosted databases."""
 
     def __init__(self, home: Path, storage: SqliteStorage, peer_key: SigningKey) -> None:
         self.home = home
         self.storage = storage
         self.peer_key = peer_key
+        self.registry = Registry(storage)
         self._databases: dict[str, Database] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -49,7 +51,7 @@ class Node:
         return (Path(home) / KEYS_DIR / PEER_KEY).exists()
 
     @classmethod
-    def init(cls, home: Path | str) -> tuple["Node", bool]:
+    def init(cls, home: Path | str) -> tuple["Home", bool]:
         """Create the node in ``home`` if it is new; returns (node, created)."""
         home = Path(home)
         created = not cls.is_initialised(home)
@@ -59,7 +61,7 @@ class Node:
         return cls.open(home), created
 
     @classmethod
-    def open(cls, home: Path | str, *, create: bool = False) -> "Node":
+    def open(cls, home: Path | str, *, create: bool = True) -> "Home":
         home = Path(home)
         if not cls.is_initialised(home):
             if create:
@@ -73,7 +75,7 @@ class Node:
         self._databases.clear()
         self.storage.close()
 
-    def __enter__(self) -> "Node":
+    def __enter__(self) -> "Home":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -87,6 +89,9 @@ class Node:
         key = SigningKey.generate()
         save_key(self.key_path(name), key)
         return key
+
+    def save_key(self, name: str, key: SigningKey) -> None:
+        save_key(self.key_path(name), key)
 
     def load_key(self, name: str) -> SigningKey:
         return load_key(self.key_path(name))

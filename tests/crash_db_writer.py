@@ -14,12 +14,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crdt.database import Database  # noqa: E402
-from node.home import Node  # noqa: E402
+from node.home import Home  # noqa: E402
 
 
 def main() -> int:
     home = Path(sys.argv[1])
-    node = Node.open(home, create=True)
+    node = Home.open(home, create=True)
     ids = node.database_ids()
     if ids:
         db = node.database(ids[0])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from auth.keys import PublicKey
-from node.home import Node
+from node.home import Home
 
 
 def mm(*args: str, home: Path | None = None, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -32,7 +32,7 @@ def test_init_prints_peer_key_and_creates_0600_key(tmp_path):
     key = PublicKey.parse(line.removeprefix("peer key: "))
     key_file = home / "keys" / "peer.key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    with Node.open(home) as node:
+    with Home.open(home) as node:
         assert node.peer_key.public == key
 
 
@@ -47,7 +47,7 @@ def test_init_twice_keeps_the_key(tmp_path):
 def test_status_json_lists_databases_with_counts_and_heads(tmp_path):
     home = tmp_path / "node"
     mm("init", home=home)
-    with Node.open(home) as node:
+    with Home.open(home) as node:
         key = node.new_key("bank-x")
         db = node.create_database(key, {"kind": "bank", "display_name": "notes"})
         with db.transaction(key) as txn:

@@ -1,0 +1,278 @@
+"""Agents and banks: creating them, resolving references, granting, and the agent-DB folds.
+
+An agent has its own key and its own database (kind "agent"); a bank is a database (kind
+"bank") whose root key is held by this node. Whether an agent may open a bank is decided by
+one thing only: the bank's AuthSettings for the agent's key.
+
+The agent database keeps, as append-only rows folded in T order (newest wins):
+* ``memory_banks``: {"op": "add", "bank": db_id, "name": str, "perm": str} and
+  {"op": "remove", "bank": db_id}: the MemoryBankRefs the agent knows about;
+* ``config``: {"set": name, "value": v}, {"reset": true}, and per-session attachments
+  {"attach": db_id, "session": s | null}, {"detach": db_id, "session": s | null}.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from auth.errors import AuthError, MemmeshError
+from auth.keys import SigningKey
+from auth.ops import GrantOp, RevokeOp
+from auth.permissions import Permission
+from crdt.database import Database
+from node.home import Home
+from node.registry import AgentRecord, BankRecord, NameError_, check_name
+
+BANKS_STORE = "memory_banks"
+CONFIG_STORE = "config"
+WRITE_PRIORITY = 10  # agents write at Write(10); bank and agent root keys hold Admin(0)
+
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "auto_recall_enabled": True,
+    "max_entries": 3,
+    "auto_recall_banks": [],
+}
+
+
+class ConfigError(MemmeshError):
+    """A config key or value that is not allowed."""
+
+
+def parse_config_value(name: str, raw: Any) -> Any:
+    """Validate a config value (strings from the CLI are converted)."""
+    if name not in CONFIG_DEFAULTS:
+        raise ConfigError(f"unknown config key {name!r}; known keys: {', '.join(CONFIG_DEFAULTS)}")
+    if name == "auto_recall_enabled":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"auto_recall_enabled is true or false, got {raw!r}")
+    if name == "max_entries":
+        value: int | None = None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, str) and raw.strip().lstrip("+-").isdigit():
+            value = int(raw.strip())
+        if value is None or not 1 <= value <= 20:
+            raise ConfigError(f"max_entries is a whole number from 1 to 20, got {raw!r}")
+        return value
+    # auto_recall_banks: a list of bank references, or a comma-separated string
+    if isinstance(raw, str):
+        items = [p.strip() for p in raw.split(",") if p.strip()]
+    elif isinstance(raw, list) and all(isinstance(p, str) for p in raw):
+        items = raw
+    else:
+        raise ConfigError("auto_recall_banks is a list of bank names or ids (comma-separated on the command line)")
+    return items
+
+
+@dataclass
+class AgentState:
+    """The folds of an agent database's config and memory_banks stores."""
+
+    config: dict[str, Any] = field(default_factory=lambda: dict(CONFIG_DEFAULTS))
+    refs: dict[str, dict[str, str]] = field(default_factory=dict)  # db_id -> {"name", "perm"}
+    attached: dict[str | None, list[str]] = field(default_factory=dict)  # session -> db ids
+
+
+def agent_state(db: Database) -> AgentState:
+    st = AgentState()
+    for row in db.rows(CONFIG_STORE):
+        v = row.value
+        if not isinstance(v, dict):
+            continue
+        if v.get("reset") is True:
+            st.config = dict(CONFIG_DEFAULTS)
+        elif isinstance(v.get("set"), str) and v["set"] in CONFIG_DEFAULTS:
+            try:
+                st.config[v["set"]] = parse_config_value(v["set"], v.get("value"))
+            except ConfigError:
+                continue  # a malformed remote row is ignored
+        elif isinstance(v.get("attach"), str):
+            lst = st.attached.setdefault(v.get("session"), [])
+            if v["attach"] not in lst:
+                lst.append(v["attach"])
+        elif isinstance(v.get("detach"), str):
+            lst = st.attached.get(v.get("session"), [])
+            if v["detach"] in lst:
+                lst.remove(v["detach"])
+    for row in db.rows(BANKS_STORE):
+        v = row.value
+        if not isinstance(v, dict) or not isinstance(v.get("bank"), str):
+            continue
+        if v.get("op") == "add":
+            st.refs[v["bank"]] = {"name": str(v.get("name", "")), "perm": str(v.get("perm", ""))}
+        elif v.get("op") == "remove":
+            st.refs.pop(v["bank"], None)
+    return st
+
+
+@dataclass(frozen=True)
+class Agent:
+    name: str
+    key: SigningKey
+    db: Database
+
+
+@dataclass(frozen=True)
+class BankRef:
+    """A database an agent may use as a bank: a registered bank or another agent's own DB."""
+
+    name: str
+    db: Database
+    admin_key: SigningKey
+    kind: str  # "bank" | "agent"
+
+
+class Agents:
+    """Creates and finds agents and banks on one node."""
+
+    def __init__(self, home: Home) -> None:
+        self.home = home
+        self.registry = home.registry
+
+    # ---------------------------------------------------------------- agents
+    def create_agent(self, name: str) -> Agent:
+        check_name(name, "agent")
+        taken = self.registry.name_taken(name)
+        if taken:
+            raise NameError_(f"{name!r} is already {taken} on this node")
+        key_name = f"agent-{name}"
+        key = self.home.new_key(key_name) if not self.home.key_path(key_name).exists() else self.home.load_key(key_name)
+        db = self.home.create_database(key, {"kind": "agent", "display_name": name})
+        self.registry.add_agent(AgentRecord(name, db.id, key_name))
+        return Agent(name, key, db)
+
+    def agent(self, name: str) -> Agent:
+        rec = self.registry.agent(name)
+        if rec is None:
+            known = ", ".join(r.name for r in self.registry.agents()) or "none yet"
+            raise NameError_(f"no agent named {name!r} (agents: {known}); create one with: memmesh agent new {name}")
+        return Agent(rec.name, self.home.load_key(rec.key_name), self.home.database(rec.db_id))
+
+    def agents(self) -> list[AgentRecord]:
+        return self.registry.agents()
+
+    # ---------------------------------------------------------------- banks
+    def create_bank(self, name: str, description: str = "") -> BankRef:
+        check_name(name, "bank")
+        taken = self.registry.name_taken(name)
+        if taken:
+            raise NameError_(f"{name!r} is already {taken} on this node")
+        key = SigningKey.generate()
+        db = self.home.create_database(key, {"kind": "bank", "display_name": name, "description": description})
+        key_name = f"bank-{db.id[7:23]}"
+        self.home.save_key(key_name, key)
+        self.registry.add_bank(BankRecord(name, db.id, key_name, description))
+        return BankRef(name, db, key, "bank")
+
+    def resolve(self, ref: str) -> BankRef:
+        """A bank reference: a bank name, an agent name (its own DB), or a database id."""
+        if not isinstance(ref, str) or not ref:
+            raise NameError_("a bank reference is a bank name, an agent name or a database id")
+        rec = self.registry.bank(ref)
+        if rec is not None:
+            return BankRef(rec.name, self.home.database(rec.db_id), self.home.load_key(rec.key_name), "bank")
+        arec = self.registry.agent(ref)
+        if arec is not None:
+            return BankRef(arec.name, self.home.database(arec.db_id), self.home.load_key(arec.key_name), "agent")
+        if ref.startswith("sha256:"):
+            for b in self.registry.banks():
+                if b.db_id == ref:
+                    return self.resolve(b.name)
+            for a in self.registry.agents():
+                if a.db_id == ref:
+                    return self.resolve(a.name)
+        known = [b.name for b in self.registry.banks()]
+        raise NameError_(f"no bank {ref!r} on this node (banks: {', '.join(known) or 'none yet'}); "
+                         "create one with: memmesh memory new NAME")
+
+    def name_of(self, db_id: str) -> str:
+        for b in self.registry.banks():
+            if b.db_id == db_id:
+                return b.name
+        for a in self.registry.agents():
+            if a.db_id == db_id:
+                return a.name
+        if db_id in self.home.database_ids():
+            meta = self.home.database(db_id).meta()
+            if isinstance(meta.get("display_name"), str):
+                return meta["display_name"]
+        return db_id
+
+    def delete_bank(self, ref: str) -> BankRecord:
+        rec = self.registry.bank(ref)
+        if rec is None:
+            for b in self.registry.banks():
+                if b.db_id == ref:
+                    rec = b
+        if rec is None:
+            raise NameError_(f"no registered bank {ref!r}; `memmesh memory list` shows them")
+        self.registry.archive_bank(rec)
+        return rec
+
+    # ---------------------------------------------------------------- grants
+    def grant(self, bank_ref: str, agent_name: str, perm: str) -> tuple[BankRef, Agent]:
+        """Bank AuthSettings first, then the ref in the agent DB; undo the grant if the ref fails."""
+        if perm not in ("read", "write"):
+            raise AuthError("auth.bad_op", f"a bank grant is read or write, got {perm!r}")
+        bank = self.resolve(bank_ref)
+        agent = self.agent(agent_name)
+        if bank.db.id == agent.db.id:
+            raise AuthError("auth.bad_op", f"{agent_name} always opens its own database; nothing to grant")
+        target = str(agent.key.public)
+        before = bank.db.permission(target)
+        bank.db.change_settings(bank.admin_key, [GrantOp(target, perm, None if perm == "read" else WRITE_PRIORITY)])
+        try:
+            self.write_ref(agent, {"op": "add", "bank": bank.db.id, "name": bank.name, "perm": perm})
+        except Exception:
+            # The ref could not be written: put the bank's settings back as they were.
+            undo: GrantOp | RevokeOp = RevokeOp(target) if before is None else GrantOp(target, before.level, before.priority)
+            bank.db.change_settings(bank.admin_key, [undo])
+            raise
+        return bank, agent
+
+    def revoke(self, bank_ref: str, agent_name: str) -> tuple[BankRef, Agent, str | None]:
+        """Revoke in the bank's AuthSettings first; then remove the ref, best effort."""
+        bank = self.resolve(bank_ref)
+        agent = self.agent(agent_name)
+        target = str(agent.key.public)
+        if bank.db.permission(target) is None:
+            raise AuthError("auth.not_granted", f"{agent_name} holds no permission on {bank.name}")
+        bank.db.change_settings(bank.admin_key, [RevokeOp(target)])
+        warning = None
+        try:
+            self.write_ref(agent, {"op": "remove", "bank": bank.db.id})
+        except Exception as exc:  # the revocation stands; a stale ref only lists a bank it cannot open
+            warning = f"revoked, but the reference in {agent_name}'s database was not removed: {exc}"
+        return bank, agent, warning
+
+    def write_ref(self, agent: Agent, value: dict[str, Any]) -> str:
+        with agent.db.transaction(agent.key) as txn:
+            txn.append(BANKS_STORE, value)
+        return txn.entry_id or ""
+
+    # ---------------------------------------------------------------- access
+    def permission(self, agent: Agent, db: Database) -> Permission | None:
+        return db.permission(str(agent.key.public))
+
+    def open_for(self, agent: Agent, ref: str | None, needed: str) -> BankRef:
+        """The database ``agent`` may use for ``needed`` ("read" or "write"); else AuthError."""
+        from auth.permissions import holds
+
+        if ref is None or ref == agent.name or ref == agent.db.id:
+            return BankRef(agent.name, agent.db, agent.key, "self")
+        bank = self.resolve(ref)
+        if bank.db.id == agent.db.id:
+            return BankRef(agent.name, agent.db, agent.key, "self")
+        perm = self.permission(agent, bank.db)
+        if not holds(perm, needed):
+            have = "no permission" if perm is None else f"{perm.level} permission"
+            verb = "read from" if needed == "read" else "write to"
+            raise AuthError(f"auth.not_{'reader' if needed == 'read' else 'writer'}",
+                            f"agent {agent.name} may not {verb} bank {bank.name} (its key holds {have})")
+        return bank

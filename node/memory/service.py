@@ -1,0 +1,243 @@
+"""The memory tools (remember, recall, list_memory_banks) and auto-recall.
+
+One implementation that every transport reaches through node.commands. Results are plain
+JSON-able dicts. Fallbacks never error (DESIGN 7): no embedder, no vectors yet, an embedder
+failing on write (the memory is stored without a vector, with a warning) or on read (BM25
+only, with a warning).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from auth.permissions import Permission
+from crdt.database import Database
+from node.memory.agents import Agent, Agents, agent_state
+from node.memory.embedders import Embedder, EmbedderError
+from node.memory.rows import MEMORY_STORE, MemoryInputError, embedding_value, memory_value
+from node.memory.tokens import autorecall_query_tokens
+from node.memory.view import MemoryView
+
+log = logging.getLogger(__name__)
+
+NO_MEMORIES = "No memories found"
+TOOLS: dict[str, set[str]] = {
+    "remember": {"key", "value", "tags", "bank"},
+    "recall": {"query", "tags", "limit", "bank"},
+    "list_memory_banks": set(),
+}
+
+
+def perm_name(perm: Permission | None) -> str:
+    return "none" if perm is None else perm.level
+
+
+class MemoryService:
+    def __init__(self, agents: Agents, embedder: Embedder | None) -> None:
+        self.agents = agents
+        self.embedder = embedder
+        self._views: dict[str, MemoryView] = {}
+
+    # ------------------------------------------------------------------ views
+    def view(self, db: Database) -> MemoryView:
+        view = self._views.get(db.id)
+        if view is None:
+            store = self.embedder.store_name if self.embedder else None
+            view = self._views[db.id] = MemoryView(db, embedding_store=store)
+        return view
+
+    def _embed(self, text: str, warnings: list[str], when: str) -> np.ndarray | None:
+        if self.embedder is None:
+            return None
+        try:
+            return self.embedder.embed([text])[0]
+        except EmbedderError as exc:
+            msg = f"embedder {self.embedder.provider}/{self.embedder.model} failed on {when}: {exc}"
+            warnings.append(msg + ("; stored without a vector" if when == "write" else "; ranked by BM25 only"))
+            log.warning("%s", warnings[-1])
+            return None
+
+    # ------------------------------------------------------------------ tools
+    def remember(self, agent: Agent, key: Any, value: Any, tags: Any = (), bank: str | None = None) -> dict[str, Any]:
+        row = memory_value(key, value, tags if tags is not None else ())
+        target = self.agents.open_for(agent, bank, "write")
+        warnings: list[str] = []
+        vector = self._embed(f"{row['key']} {row['value']}", warnings, "write")
+        txn = target.db.transaction(agent.key)
+        row_key = txn.append(MEMORY_STORE, row)
+        if vector is not None and self.embedder is not None:
+            txn.append(self.embedder.store_name, embedding_value(row_key, vector))
+        entry_id = txn.commit()
+        return {
+            "ok": True,
+            "key": row["key"],
+            "bank": target.name,
+            "entry": entry_id,
+            "embedded": vector is not None,
+            "warnings": warnings,
+        }
+
+    def recall(
+        self,
+        agent: Agent,
+        query: Any = "",
+        tags: Any = (),
+        limit: Any = 10,
+        bank: str | None = None,
+        include_superseded: bool = False,
+    ) -> dict[str, Any]:
+        if query is None:
+            query = ""
+        if not isinstance(query, str):
+            raise MemoryInputError("query must be a string")
+        if tags is None:
+            tags = ()
+        if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
+            raise MemoryInputError("tags must be a list of strings")
+        if limit is None:
+            limit = 10
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise MemoryInputError("limit must be a whole number from 1 to 100")
+        target = self.agents.open_for(agent, bank, "read")
+        warnings: list[str] = []
+        found = self._search(target.db, query, tags, limit, warnings, include_superseded)
+        memories = [m.to_dict(target.name) for m in found]
+        if memories:
+            message = f"Found {len(memories)} memor{'y' if len(memories) == 1 else 'ies'}"
+        else:
+            # The query is not echoed: callers grep results, and an echo would "find" it.
+            message = f"{NO_MEMORIES} matching the query" if query.strip() else f"{NO_MEMORIES} yet"
+            if tags:
+                message += " and tags"
+            message += "."
+        return {"memories": memories, "count": len(memories), "bank": target.name,
+                "message": message, "warnings": warnings}
+
+    def _search(self, db: Database, query: str, tags: Sequence[str], limit: int,
+                warnings: list[str], include_superseded: bool = False):
+        view = self.view(db)
+        vector = None
+        if query.strip() and view.has_vectors():
+            vector = self._embed(query, warnings, "read")
+        return view.recall(query, tags=tags, limit=limit, query_vector=vector,
+                           include_superseded=include_superseded)
+
+    def list_banks(self, agent: Agent) -> dict[str, Any]:
+        banks = [{"name": agent.name, "id": agent.db.id, "kind": "self", "permission": "admin", "self": True}]
+        state = agent_state(agent.db)
+        seen = {agent.db.id}
+        # Refs first (a ref left without auth is still listed, with its real permission) ...
+        for db_id, ref in state.refs.items():
+            if db_id in seen:
+                continue
+            seen.add(db_id)
+            perm = self._perm_on(agent, db_id)
+            banks.append({"name": self.agents.name_of(db_id) or ref["name"], "id": db_id, "kind": "bank",
+                          "permission": perm_name(perm), "self": False})
+        # ... then every other database on this node the agent's key opens.
+        for db_id in self.agents.home.database_ids():
+            if db_id in seen:
+                continue
+            perm = self._perm_on(agent, db_id)
+            if perm is None:
+                continue
+            seen.add(db_id)
+            banks.append({"name": self.agents.name_of(db_id), "id": db_id, "kind": "bank",
+                          "permission": perm_name(perm), "self": False})
+        return {"banks": banks, "count": len(banks)}
+
+    def _perm_on(self, agent: Agent, db_id: str) -> Permission | None:
+        if db_id not in self.agents.home.database_ids():
+            return None
+        return self.agents.home.database(db_id).permission(str(agent.key.public))
+
+    # ------------------------------------------------------------------ dispatch
+    def call_tool(self, agent: Agent, tool: str, args: Any) -> dict[str, Any]:
+        """The one entry point for agent tool calls, whatever the transport."""
+        if not isinstance(args, dict):
+            raise MemoryInputError(f"tool arguments are a JSON object, got {type(args).__name__}")
+        spec = TOOLS.get(tool)
+        if spec is None:
+            raise MemoryInputError(f"unknown tool {tool!r}; tools: {', '.join(TOOLS)}")
+        unknown = set(args) - spec
+        if unknown:
+            raise MemoryInputError(f"{tool} does not take {', '.join(sorted(unknown))}; it takes {', '.join(sorted(spec)) or 'nothing'}")
+        if tool == "remember":
+            missing = [f for f in ("key", "value") if f not in args]
+            if missing:
+                raise MemoryInputError(f"remember needs {' and '.join(missing)}")
+            return self.remember(agent, args["key"], args["value"], args.get("tags", ()), args.get("bank"))
+        if tool == "recall":
+            return self.recall(agent, args.get("query", ""), args.get("tags", ()), args.get("limit", 10), args.get("bank"))
+        return self.list_banks(agent)
+
+    # ------------------------------------------------------------------ auto-recall
+    def auto_recall(self, agent: Agent, messages: Sequence[str], session: str | None = None) -> str:
+        state = agent_state(agent.db)
+        if not state.config["auto_recall_enabled"]:
+            return ""
+        tokens = autorecall_query_tokens(list(messages)) if messages else []
+        if not tokens:
+            return ""
+        query = " ".join(tokens)
+        limit = int(state.config["max_entries"])
+        warnings: list[str] = []
+        lines: list[str] = []
+        for m in self._search(agent.db, query, (), limit, warnings):
+            lines.append(_line(m.key, m.value, None))
+        for db_id in self._recall_banks(agent, state, session):
+            try:
+                target = self.agents.open_for(agent, db_id, "read")
+            except Exception:
+                continue  # banks the agent cannot open are skipped silently
+            for m in self._search(target.db, query, (), limit, warnings):
+                lines.append(_line(m.key, m.value, target.name))
+        if not lines:
+            return ""
+        return "## Relevant Memories\n\n" + "\n".join(lines) + "\n"
+
+    def _recall_banks(self, agent: Agent, state, session: str | None) -> list[str]:
+        chosen = state.config.get("auto_recall_banks") or []
+        if chosen:
+            ids = []
+            for ref in chosen:
+                try:
+                    ids.append(self.agents.resolve(ref).db.id)
+                except Exception:
+                    continue
+            return [i for i in ids if i != agent.db.id]
+        ids = list(state.attached.get(None, []))
+        if session is not None:
+            ids += [i for i in state.attached.get(session, []) if i not in ids]
+        return [i for i in ids if i != agent.db.id]
+
+    # ------------------------------------------------------------------ reindex
+    def reindex(self, db: Database, key_for: Callable[[Database], Any],
+                progress: Callable[[int, int], None] | None = None, batch: int = 32) -> dict[str, Any]:
+        """Backfill vectors for the active model; one entry per batch, signed by ``key_for(db)``."""
+        if self.embedder is None:
+            raise EmbedderError("no embedder is configured; choose one with: memmesh embedder set hashed|local|openai|ollama")
+        view = self.view(db)
+        missing = view.missing_vectors()
+        total, done = len(missing), 0
+        key = key_for(db)
+        for i in range(0, total, batch):
+            chunk = missing[i:i + batch]
+            vectors = self.embedder.embed([f"{m.key} {m.value}" for m in chunk])
+            txn = db.transaction(key)
+            for m, v in zip(chunk, vectors):
+                txn.append(self.embedder.store_name, embedding_value(m.row_key, v))
+            txn.commit()
+            done += len(chunk)
+            if progress:
+                progress(done, total)
+        return {"embedded": done, "store": self.embedder.store_name}
+
+
+def _line(key: str, value: str, bank: str | None) -> str:
+    text = f"- **{key}**: {value}"
+    if bank:
+        text += f" _(from bank: {bank})_"
+    return text

@@ -1,0 +1,413 @@
+"""The per-database memory view: an incremental recall index over one Database.
+
+A :class:`MemoryView` follows one :class:`crdt.database.Database` (its ``memory`` store and
+one ``embeddings:<provider>/<model>`` store, the *active* one) and answers ``recall`` exactly
+as DESIGN section 7 specifies. See :mod:`node.memory.rows` for the row shapes.
+
+Candidates
+    Per memory key only the newest well-formed row in T order (``RowRecord.order``) is a
+    candidate; older rows are *superseded* (they stay in the log and can be searched and listed
+    with ``include_superseded=True``). The current set is a function of the set of accepted
+    rows only, whatever order rows arrive in: a row is made current only if it is newer than
+    the key's current row. Malformed rows (a peer with Write can store any value) are ignored,
+    logged at debug, and never supersede anything.
+
+Ranking (DESIGN 7, exactly)
+    * Document text ``key + " " + value + " " + " ".join(tags)``, tokens as in
+      :mod:`node.memory.tokens`; BM25 (k1=1.5, b=0.75) over the *current* rows only: a
+      superseded row is removed from the inverted index, so N, df and avgdl describe current
+      rows. Rows matching no query token are not in the lexical list.
+    * Tags are an AND filter compared case-insensitively (``str.casefold``): a row passes when
+      every requested tag is among its tags.
+    * A query with no tokens (empty, or only one-character/punctuation words) returns current
+      memories by recency: T order, newest first. The tag filter still applies.
+    * Hybrid: when a query vector is given and the active embeddings store holds vectors of the
+      query's length, the cosine list (non-positive dropped, :class:`VectorIndex`) and the BM25
+      list, each taken to depth ``max(limit, 100)`` after the tag filter, are fused by
+      Reciprocal Rank Fusion with k=60 and cut to ``limit``. Rows without a vector appear only
+      in the BM25 list; rows with a vector but no matching token only in the cosine list.
+      Without a usable query vector (none given, no active store, no vector of that length) the
+      ranking is plain BM25; that fallback never errors.
+    * Ties (bitwise-equal scores) are broken by T order, newest first
+      (:func:`node.memory.rows.order_desc_key`), never by the local doc id, so every replica
+      holding the same entries returns the same list.
+
+Vectors
+    For each current row and each vector length, the newest embedding row (T order) that
+    points at it is indexed; one :class:`VectorIndex` per length, so a peer's vector of the
+    wrong length can neither break recall nor displace a good vector. Pass ``dim`` to keep only
+    vectors of that length (then :meth:`MemoryView.missing_vectors` also treats a row whose
+    only vector has another length as missing). A vector whose memory row has not been seen
+    yet is kept aside until the row arrives (an entry's embedding rows are announced before
+    its memory rows); a vector of a superseded or malformed row is dropped.
+
+Events
+    ``RowsAdded`` for ``memory`` and for the active embeddings store update the view in
+    O(tokens) per row; ``Rebuilt`` (verdicts changed, e.g. a revocation voided rows, or a
+    payload was erased) marks it stale and the next call rebuilds it from ``db.rows``. An error
+    inside the listener is logged and also leads to a rebuild; it never reaches the database.
+
+``include_superseded=True`` (a rare operator option) scans: it builds a temporary index over
+every well-formed row, cached until the next change of the database.
+
+Doc ids are local ints and never leave this module. Not thread-safe: the caller serialises
+access to the view and to its database.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from crdt.database import Database, Rebuilt, RowRecord, RowsAdded
+
+from .bm25 import InvertedIndex
+from .fusion import RRF_K, rank_candidates, rrf
+from .rows import (
+    MEMORY_STORE,
+    Memory,
+    MemoryInputError,
+    is_embedding_store,
+    order_desc_key,
+    parse_embedding,
+    parse_memory,
+)
+from .tokens import document_text, tokenize
+from .vectors import VectorIndex
+
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "MemoryView", "RRF_DEPTH"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIMIT = 10
+MAX_LIMIT = 100
+RRF_DEPTH = 100  # each list is taken to depth max(limit, RRF_DEPTH) before fusion
+
+Order = tuple[int, str, int]
+_EMPTY: frozenset[int] = frozenset()
+
+
+class _Index:
+    """Lexical and vector indexes over a set of memories keyed by local doc ids."""
+
+    def __init__(self) -> None:
+        self.bm25 = InvertedIndex()
+        self.mem: dict[int, Memory] = {}
+        self.row_doc: dict[str, int] = {}
+        self.tiebreak: list[tuple[int, int, int] | None] = []  # doc -> order_desc_key
+        self.tag_docs: dict[str, set[int]] = {}  # casefolded tag -> docs carrying it
+        self.alive = np.zeros(64, dtype=bool)
+        self.height = np.zeros(64, dtype=np.float64)
+        self.n = 0
+        self.vectors: dict[int, VectorIndex] = {}  # vector length -> index
+        self.vec_order: dict[tuple[int, int], Order] = {}  # (doc, length) -> order of its row
+
+    def insert(self, m: Memory) -> int:
+        doc = self.n
+        if doc == len(self.alive):
+            self.alive = np.concatenate([self.alive, np.zeros(doc, dtype=bool)])
+            self.height = np.concatenate([self.height, np.zeros(doc, dtype=np.float64)])
+        self.n = doc + 1
+        self.mem[doc] = m
+        self.row_doc[m.row_key] = doc
+        self.tiebreak.append(order_desc_key(m.order))
+        for tag in {t.casefold() for t in m.tags}:
+            self.tag_docs.setdefault(tag, set()).add(doc)
+        self.alive[doc] = True
+        self.height[doc] = m.order[0]
+        self.bm25.add(doc, tokenize(document_text(m.key, m.value, m.tags)))
+        return doc
+
+    def retire(self, doc: int) -> None:
+        m = self.mem.pop(doc)
+        del self.row_doc[m.row_key]
+        self.bm25.remove(doc)
+        self.alive[doc] = False
+        self.tiebreak[doc] = None
+        for tag in {t.casefold() for t in m.tags}:
+            docs = self.tag_docs[tag]
+            docs.discard(doc)
+            if not docs:
+                del self.tag_docs[tag]
+        for dim, index in self.vectors.items():
+            if self.vec_order.pop((doc, dim), None) is not None:
+                index.remove(doc)
+
+    def index_vector(self, doc: int, order: Order, vec: np.ndarray) -> None:
+        """Index ``vec`` for ``doc`` unless a newer vector of that length is indexed."""
+        dim = len(vec)
+        prev = self.vec_order.get((doc, dim))
+        if prev is not None and prev >= order:
+            return
+        index = self.vectors.get(dim)
+        if index is None:
+            index = self.vectors[dim] = VectorIndex(dim)
+        if prev is not None:
+            index.remove(doc)
+        index.add(doc, vec)
+        self.vec_order[(doc, dim)] = order
+
+    def has_vector(self, doc: int, dim: int | None) -> bool:
+        if dim is not None:
+            return (doc, dim) in self.vec_order
+        return any(doc in index for index in self.vectors.values())
+
+    def rank(self, tokens: list[str], need: frozenset[str], limit: int,
+             query_vector: np.ndarray | None) -> list[Memory]:
+        tiebreak = self.tiebreak.__getitem__
+        allowed = None
+        if need:
+            # AND filter: the docs carrying every requested tag (smallest set first).
+            sets = sorted((self.tag_docs.get(t, _EMPTY) for t in need), key=len)
+            permitted = sets[0] if len(sets) == 1 else sets[0].intersection(*sets[1:])
+            if not permitted:
+                return []
+            allowed = permitted.__contains__
+        if not tokens:
+            ids = np.flatnonzero(self.alive[: self.n])
+            hits = rank_candidates(ids, self.height[ids], limit=limit, allowed=allowed, tiebreak=tiebreak)
+        else:
+            vindex = None if query_vector is None else self.vectors.get(len(query_vector))
+            if vindex is None or len(vindex) == 0:
+                hits = self.bm25.search(tokens, limit=limit, allowed=allowed, tiebreak=tiebreak)
+            else:
+                depth = max(limit, RRF_DEPTH)
+                lexical = self.bm25.search(tokens, limit=depth, allowed=allowed, tiebreak=tiebreak)
+                semantic = vindex.search(query_vector, limit=depth, allowed=allowed, tiebreak=tiebreak)
+                if semantic:
+                    hits = rrf([[d for d, _ in lexical], [d for d, _ in semantic]], RRF_K,
+                               limit=limit, tiebreak=tiebreak)
+                else:
+                    hits = lexical[:limit]
+        mem = self.mem
+        return [mem[d] for d, _ in hits]
+
+
+class MemoryView:
+    """Incremental recall index over one Database (its `memory` store and one embeddings store)."""
+
+    def __init__(self, db: Database, *, embedding_store: str | None = None, dim: int | None = None) -> None:
+        self._db = db
+        self._store = _check_store(embedding_store)
+        self._dim = _check_dim(dim)
+        self._stale = True
+        self._all: _Index | None = None  # include_superseded scan, cached until the next change
+        self._reset()
+        db.subscribe(self._on_event)
+        self._rebuild()
+
+    # --------------------------------------------------------------------------- public
+    @property
+    def db(self) -> Database:
+        return self._db
+
+    @property
+    def embedding_store(self) -> str | None:
+        return self._store
+
+    def set_embedding_store(self, store: str | None, *, dim: int | None = None) -> None:
+        """Switch the active model: rebuild the vector index from ``store`` (None: no vectors)."""
+        self._store = _check_store(store)
+        self._dim = _check_dim(dim)
+        self._all = None
+        if not self._stale:
+            self._load_vectors()
+
+    def recall(
+        self,
+        query: str = "",
+        *,
+        tags: Sequence[str] = (),
+        limit: int = DEFAULT_LIMIT,
+        query_vector: np.ndarray | None = None,
+        include_superseded: bool = False,
+    ) -> list[Memory]:
+        """Best-first memories for ``query`` (see the module docstring for the exact rules)."""
+        if query is None:
+            query = ""
+        if not isinstance(query, str):
+            raise MemoryInputError(f"query must be a string, got {type(query).__name__}")
+        need = _check_filter_tags(tags)
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= MAX_LIMIT:
+            raise MemoryInputError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+        qv = _check_query_vector(query_vector)
+        if qv is not None and self._dim is not None and len(qv) != self._dim:
+            log.warning("query vector has %d values, the active embeddings store %s holds %d: lexical recall only",
+                        len(qv), self._store, self._dim)
+            qv = None
+        tokens = tokenize(query)
+        index = self._scan() if include_superseded else self._current_index()
+        return index.rank(tokens, need, int(limit), qv)
+
+    def memories(self, *, include_superseded: bool = False) -> list[Memory]:
+        """Current memories (every well-formed row with include_superseded), newest first."""
+        index = self._scan() if include_superseded else self._current_index()
+        return sorted(index.mem.values(), key=lambda m: m.order, reverse=True)
+
+    def missing_vectors(self) -> list[Memory]:
+        """Current memories with no vector in the active embeddings store, newest first."""
+        index = self._current_index()
+        if self._store is None:
+            return sorted(index.mem.values(), key=lambda m: m.order, reverse=True)
+        out = [m for doc, m in index.mem.items() if not index.has_vector(doc, self._dim)]
+        out.sort(key=lambda m: m.order, reverse=True)
+        return out
+
+    def has_vectors(self) -> bool:
+        """Whether some current memory has a vector in the active embeddings store."""
+        return any(len(v) for v in self._current_index().vectors.values())
+
+    def __len__(self) -> int:
+        return len(self._current_index().mem)
+
+    # ---------------------------------------------------------------------------- state
+    def _reset(self) -> None:
+        self._ix = _Index()
+        self._current: dict[str, int] = {}  # memory key -> doc of its current row
+        self._seen: set[str] = set()  # row keys of every memory row seen (malformed ones too)
+        self._pending: dict[str, dict[int, tuple[Order, np.ndarray]]] = {}  # row -> length -> vec
+
+    def _current_index(self) -> _Index:
+        if self._stale:
+            self._rebuild()
+        return self._ix
+
+    def _rebuild(self) -> None:
+        self._stale = True
+        self._all = None
+        self._reset()
+        newest: dict[str, Memory] = {}
+        for rec in self._db.rows(MEMORY_STORE):
+            self._seen.add(rec.key)
+            m = parse_memory(rec)
+            if m is not None:
+                cur = newest.get(m.key)
+                if cur is None or m.order > cur.order:
+                    newest[m.key] = m
+        for m in sorted(newest.values(), key=lambda m: m.order):
+            self._current[m.key] = self._ix.insert(m)
+        self._load_vectors()
+        self._stale = False
+
+    def _load_vectors(self) -> None:
+        self._ix.vectors = {}
+        self._ix.vec_order = {}
+        self._pending = {}
+        if self._store is not None:
+            for rec in self._db.rows(self._store):
+                self._add_vector(rec)
+
+    def _on_event(self, event: RowsAdded | Rebuilt) -> None:
+        # Runs inside the database's ingest: it must never raise.
+        if self._stale:
+            return
+        try:
+            if isinstance(event, Rebuilt):
+                self._stale = True
+                self._all = None
+            elif isinstance(event, RowsAdded):
+                if event.store == MEMORY_STORE:
+                    self._all = None
+                    for rec in event.rows:
+                        self._add_memory(rec)
+                elif event.store == self._store:
+                    self._all = None
+                    for rec in event.rows:
+                        self._add_vector(rec)
+        except Exception:  # noqa: BLE001 - a bug here must not fail the database's write
+            log.exception("memory view of %s failed to apply an update; it will be rebuilt", self._db.id)
+            self._stale = True
+            self._all = None
+
+    def _add_memory(self, rec: RowRecord) -> None:
+        if rec.key in self._seen:
+            return
+        self._seen.add(rec.key)
+        pending = self._pending.pop(rec.key, None)
+        m = parse_memory(rec)
+        if m is None:
+            return
+        cur = self._current.get(m.key)
+        if cur is not None:
+            if self._ix.mem[cur].order >= m.order:
+                return  # an older row arriving late: superseded from the start
+            self._ix.retire(cur)
+        doc = self._current[m.key] = self._ix.insert(m)
+        if pending:
+            for order, vec in pending.values():
+                self._ix.index_vector(doc, order, vec)
+
+    def _add_vector(self, rec: RowRecord) -> None:
+        parsed = parse_embedding(rec, self._dim)
+        if parsed is None:
+            return
+        row, vec = parsed
+        doc = self._ix.row_doc.get(row)
+        if doc is not None:
+            self._ix.index_vector(doc, rec.order, vec)
+        elif row not in self._seen:
+            slot = self._pending.setdefault(row, {})
+            prev = slot.get(len(vec))
+            if prev is None or prev[0] < rec.order:
+                slot[len(vec)] = (rec.order, vec)
+        # else: the row is superseded or malformed; only a rebuild could make it current again
+
+    def _scan(self) -> _Index:
+        """An index over every well-formed memory row (superseded ones too)."""
+        if self._stale:
+            self._rebuild()
+        if self._all is None:
+            ix = _Index()
+            for rec in self._db.rows(MEMORY_STORE):
+                m = parse_memory(rec)
+                if m is not None:
+                    ix.insert(m)
+            if self._store is not None:
+                for rec in self._db.rows(self._store):
+                    parsed = parse_embedding(rec, self._dim)
+                    if parsed is not None and (doc := ix.row_doc.get(parsed[0])) is not None:
+                        ix.index_vector(doc, rec.order, parsed[1])
+            self._all = ix
+        return self._all
+
+
+def _check_store(store: Any) -> str | None:
+    if store is None:
+        return None
+    if not is_embedding_store(store):
+        raise MemoryInputError(f"{store!r} is not an embeddings store name (embeddings:<provider>/<model>)")
+    return store
+
+
+def _check_dim(dim: Any) -> int | None:
+    if dim is None:
+        return None
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise MemoryInputError(f"dim must be a positive integer, got {dim!r}")
+    return int(dim)
+
+
+def _check_filter_tags(tags: Any) -> frozenset[str]:
+    if tags is None:
+        return frozenset()
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, Sequence):
+        raise MemoryInputError(f"tags must be a list of strings, got {type(tags).__name__}")
+    for tag in tags:
+        if not isinstance(tag, str) or not tag:
+            raise MemoryInputError("every tag to filter by must be a non-empty string")
+    return frozenset(t.casefold() for t in tags)
+
+
+def _check_query_vector(vector: Any) -> np.ndarray | None:
+    if vector is None:
+        return None
+    arr = np.asarray(vector)
+    if arr.ndim != 1 or arr.size == 0 or not (
+        np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+    ):
+        raise MemoryInputError(f"query_vector must be a non-empty 1-d array of numbers, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise MemoryInputError("query_vector has NaN or infinite values")
+    return arr

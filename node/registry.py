@@ -1,0 +1,114 @@
+"""Peer-local records: which agents and banks this node hosts, node settings, credentials.
+
+Kept in the storage's peer-local tables (never synced). Each record is small JSON. Names are
+what users type; database ids are what the signed data refers to.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from auth.errors import MemmeshError
+from crdt.storage import Storage
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+NS_AGENTS = "agents"
+NS_BANKS = "banks"
+NS_ARCHIVE = "archived-banks"
+NS_CONFIG = "node-config"
+NS_CREDENTIALS = "credentials"
+
+
+class NameError_(MemmeshError):  # noqa: N801 - the builtin NameError means something else
+    """A name that is malformed, taken, or unknown."""
+
+
+def check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise NameError_(
+            f"{what} name {name!r} is not valid: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class AgentRecord:
+    name: str
+    db_id: str
+    key_name: str
+
+
+@dataclass(frozen=True)
+class BankRecord:
+    name: str
+    db_id: str
+    key_name: str
+    description: str = ""
+
+
+class Registry:
+    def __init__(self, storage: Storage) -> None:
+        self._s = storage
+
+    def _get(self, ns: str, key: str) -> dict[str, Any] | None:
+        raw = self._s.get_local(ns, key)
+        return None if raw is None else json.loads(raw)
+
+    def _put(self, ns: str, key: str, value: Any) -> None:
+        self._s.put_local(ns, key, json.dumps(value, sort_keys=True).encode())
+
+    # ----------------------------------------------------------------- agents
+    def agents(self) -> list[AgentRecord]:
+        return [AgentRecord(**json.loads(v)) for _, v in self._s.items_local(NS_AGENTS)]
+
+    def agent(self, name: str) -> AgentRecord | None:
+        rec = self._get(NS_AGENTS, name)
+        return AgentRecord(**rec) if rec else None
+
+    def add_agent(self, rec: AgentRecord) -> None:
+        self._put(NS_AGENTS, rec.name, asdict(rec))
+
+    # ----------------------------------------------------------------- banks
+    def banks(self) -> list[BankRecord]:
+        return [BankRecord(**json.loads(v)) for _, v in self._s.items_local(NS_BANKS)]
+
+    def bank(self, name: str) -> BankRecord | None:
+        rec = self._get(NS_BANKS, name)
+        return BankRecord(**rec) if rec else None
+
+    def add_bank(self, rec: BankRecord) -> None:
+        self._put(NS_BANKS, rec.name, asdict(rec))
+
+    def archive_bank(self, rec: BankRecord) -> None:
+        """Unregister a bank; its database stays in storage, listed as an archive."""
+        self._put(NS_ARCHIVE, rec.db_id, asdict(rec))
+        self._s.delete_local(NS_BANKS, rec.name)
+
+    def archived_banks(self) -> list[BankRecord]:
+        return [BankRecord(**json.loads(v)) for _, v in self._s.items_local(NS_ARCHIVE)]
+
+    def name_taken(self, name: str) -> str | None:
+        if self.agent(name):
+            return "an agent"
+        if self.bank(name):
+            return "a bank"
+        return None
+
+    # ----------------------------------------------------------------- settings and secrets
+    def config(self, name: str, default: Any = None) -> Any:
+        raw = self._s.get_local(NS_CONFIG, name)
+        return default if raw is None else json.loads(raw)
+
+    def set_config(self, name: str, value: Any) -> None:
+        self._put(NS_CONFIG, name, value)
+
+    def secret(self, name: str) -> str | None:
+        raw = self._s.get_local(NS_CREDENTIALS, name)
+        return None if raw is None else raw.decode()
+
+    def set_secret(self, name: str, value: str) -> None:
+        self._s.put_local(NS_CREDENTIALS, name, value.encode())

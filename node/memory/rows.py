@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,7 +181,7 @@ def _check_memory(key: Any, value: Any, tags: Any) -> tuple[str, str, tuple[str,
 
 def memory_value(key: str, value: str, tags: Iterable[str] | None = ()) -> dict[str, Any]:
     """The value of a new ``memory`` row; MemoryInputError if the input breaks a rule."""
-    if tags is not None and not isinstance(tags, (list, tuple, str, bytes)):
+    if tags is not None and not isinstance(tags, (list, tuple, str, bytes, Mapping)):
         try:
             tags = tuple(tags)
         except TypeError:

@@ -166,7 +166,12 @@ class _Index:
                 return []
             allowed = permitted.__contains__
         if not tokens:
-            ids = np.flatnonzero(self.alive[: self.n])
+            if allowed is not None and 4 * len(permitted) < len(self.mem):
+                # A selective filter: rank just the permitted docs (all of them current).
+                ids = np.fromiter(permitted, dtype=np.int64, count=len(permitted))
+                allowed = None
+            else:
+                ids = np.flatnonzero(self.alive[: self.n])
             hits = rank_candidates(ids, self.height[ids], limit=limit, allowed=allowed, tiebreak=tiebreak)
         else:
             vindex = None if query_vector is None else self.vectors.get(len(query_vector))

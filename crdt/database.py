@@ -181,6 +181,10 @@ class Database:
     def subscribe(self, listener: Callable[[RowsAdded | Rebuilt], None]) -> None:
         self._listeners.append(listener)
 
+    def unsubscribe(self, listener: Callable[[RowsAdded | Rebuilt], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def _emit(self, event: RowsAdded | Rebuilt) -> None:
         for listener in self._listeners:
             listener(event)

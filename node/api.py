@@ -50,7 +50,9 @@ class Node(Home):
             "api_key_ref": EMBEDDER_SECRET if (api_key or cfg.api_key_ref) else None,
             "timeout_s": cfg.timeout_s, "dim": cfg.dim,
         })
-        self._memory = None  # views are rebuilt for the new model
+        if self._memory is not None:  # views are rebuilt for the new model
+            self._memory.close()
+        self._memory = None
         return embedder
 
     @property
@@ -60,6 +62,12 @@ class Node(Home):
             embedder = make_embedder(cfg, api_key=self.registry.secret(EMBEDDER_SECRET))
             self._memory = MemoryService(self.agents, embedder)
         return self._memory
+
+    def close(self) -> None:
+        if self._memory is not None:
+            self._memory.close()
+            self._memory = None
+        super().close()
 
     # ------------------------------------------------------------------ tools
     def call_tool(self, agent: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -334,7 +334,7 @@ def test_local_paraphrase_closer_than_unrelated(local):
 @needs_local
 def test_local_shape_norm_names(local):
     assert (local.provider, local.model, local.dim) == ("local", "all-MiniLM-L6-v2-int8", 384)
-    assert local.store_name == "embeddings:local/all-MiniLM-L6-v2-int8"
+    assert local.store_name == "embeddings:local/all-minilm-l6-v2-int8"  # store names are lower-case
     texts = ["short", "", "a much longer text " * 300]  # the last is truncated to 256 tokens
     v = local.embed(texts)
     assert v.shape == (3, 384) and v.dtype == np.float32

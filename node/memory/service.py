@@ -40,12 +40,22 @@ class MemoryService:
         self.embedder = embedder
         self._views: dict[str, MemoryView] = {}
 
+    def close(self) -> None:
+        for view in self._views.values():
+            view.close()
+        self._views.clear()
+
     # ------------------------------------------------------------------ views
     def view(self, db: Database) -> MemoryView:
         view = self._views.get(db.id)
         if view is None:
-            store = self.embedder.store_name if self.embedder else None
-            view = self._views[db.id] = MemoryView(db, embedding_store=store)
+            store, dim = None, None
+            if self.embedder is not None:
+                store = self.embedder.store_name
+                # Only a size known without a network call: a view must open even when a
+                # remote embedder is down.
+                dim = self.embedder.known_dim if hasattr(self.embedder, "known_dim") else self.embedder.dim
+            view = self._views[db.id] = MemoryView(db, embedding_store=store, dim=dim)
         return view
 
     def _embed(self, text: str, warnings: list[str], when: str) -> np.ndarray | None:

@@ -204,6 +204,10 @@ class MemoryView:
         self._rebuild()
 
     # --------------------------------------------------------------------------- public
+    def close(self) -> None:
+        """Stop following the database (a replaced view must not keep receiving events)."""
+        self._db.unsubscribe(self._on_event)
+
     @property
     def db(self) -> Database:
         return self._db

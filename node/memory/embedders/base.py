@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -62,7 +63,11 @@ class EmbedderConfig:
 
 
 def store_name_for(provider: str, model: str) -> str:
-    return f"embeddings:{provider}/{model}"
+    """The store holding this model's vectors. Model names from hubs may hold capitals, '/' or
+    ':' ("BAAI/bge-small", "nomic-embed-text:latest"); store names allow only a-z 0-9 _ . : -, so
+    the model part is lower-cased and every other character becomes '-'."""
+    safe = re.sub(r"[^a-z0-9_.:-]", "-", model.lower())
+    return f"embeddings:{provider}/{safe}"
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:

@@ -191,6 +191,11 @@ class _RemoteEmbedder:
         return store_name_for(self.provider, self.model)
 
     @property
+    def known_dim(self) -> int | None:
+        """The vector size if known without asking the server."""
+        return self._dim
+
+    @property
     def dim(self) -> int:
         """The vector size; for a model of unknown size this asks the server once."""
         if self._dim is None:

@@ -1,0 +1,94 @@
+"""The memory commands through the `memmesh` command line, as an operator types them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_cli import mm
+
+
+@pytest.fixture
+def home(tmp_path):
+    h = tmp_path / "node"
+    mm("init", home=h)
+    mm("embedder", "set", "none", home=h)
+    mm("agent", "new", "alpha", home=h)
+    return h
+
+
+def test_agents_new_and_list(home):
+    mm("agent", "new", "beta", home=home)
+    data = json.loads(mm("agent", "list", "--json", home=home).stdout)
+    assert [a["name"] for a in data["agents"]] == ["alpha", "beta"]
+    assert all(a["key"].startswith("ed25519:") and a["id"].startswith("sha256:") for a in data["agents"])
+    dup = mm("agent", "new", "beta", home=home, check=False)
+    assert dup.returncode == 1 and "already" in dup.stderr
+    bad = mm("agent", "new", "no spaces", home=home, check=False)
+    assert bad.returncode == 1 and "not valid" in bad.stderr
+
+
+def test_remember_and_recall_shortcuts(home):
+    mm("remember", "alpha", "deploy process", "Build via nix build", "--tag", "ops", home=home)
+    out = mm("recall", "alpha", "deploy", home=home).stdout
+    assert "deploy process: Build via nix build [ops]" in out
+    data = json.loads(mm("recall", "alpha", "deploy", "--tag", "OPS", "--json", home=home).stdout)
+    assert [m["value"] for m in data["memories"]] == ["Build via nix build"]
+    assert "No memories found" in mm("recall", "alpha", "zebra", home=home).stdout
+
+
+def test_tool_errors_are_one_line_and_exit_1(home):
+    for args in (["tool", "alpha", "remember", "{not json"], ["tool", "alpha", "remember", '{"key": "k"}'],
+                 ["tool", "nobody", "recall", "{}"], ["tool", "alpha", "recall", '{"bank": "missing"}']):
+        proc = mm(*args, home=home, check=False)
+        assert proc.returncode == 1, args
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_embedder_set_show_and_reindex(home):
+    mm("remember", "alpha", "a", "first text", home=home)
+    data = json.loads(mm("embedder", "set", "hashed", "--json", home=home).stdout)
+    assert data["provider"] == "hashed" and data["store"].startswith("embeddings:hashed/")
+    shown = json.loads(mm("embedder", "show", "--json", home=home).stdout)
+    assert shown["provider"] == "hashed" and shown["dim"] == data["dim"]
+    out = json.loads(mm("memory", "reindex", "alpha", "--json", home=home).stdout)
+    assert out["embedded"] == 1
+    again = json.loads(mm("memory", "reindex", "alpha", "--json", home=home).stdout)
+    assert again["embedded"] == 0
+    bad = mm("embedder", "set", "local", "--model", "no-such-model", home=home, check=False)
+    assert bad.returncode == 1 and "no-such-model" in bad.stderr
+    assert json.loads(mm("embedder", "show", "--json", home=home).stdout)["provider"] == "hashed"
+
+
+def test_bank_lifecycle(home):
+    mm("memory", "new", "notes", "Team notes", home=home)
+    mm("memory", "grant", "notes", "alpha", "write", home=home)
+    mm("remember", "alpha", "k", "in the bank", "--bank", "notes", home=home)
+    banks = json.loads(mm("memory", "list", "--json", home=home).stdout)
+    [b] = banks["banks"]
+    assert b["name"] == "notes" and b["memories"] == 1 and b["description"] == "Team notes"
+    mm("memory", "attach", "notes", "--agent", "alpha", home=home)
+    block = mm("autorecall", "alpha", "what is in the bank?", home=home).stdout
+    assert "## Relevant Memories" in block and "_(from bank: notes)_" in block
+    mm("memory", "detach", "notes", "--agent", "alpha", home=home)
+    assert "from bank" not in mm("autorecall", "alpha", "what is in the bank?", home=home).stdout
+    mm("memory", "delete", "notes", home=home)
+    listed = json.loads(mm("memory", "list", "--json", home=home).stdout)
+    assert listed["banks"] == [] and listed["archived"][0]["name"] == "notes"
+
+
+def test_config_show_set_reset(home):
+    mm("memory", "config", "alpha", "set", "max_entries", "5", home=home)
+    shown = json.loads(mm("memory", "config", "alpha", "show", "--json", home=home).stdout)
+    assert shown["config"]["max_entries"] == 5
+    bad = mm("memory", "config", "alpha", "set", "max_entries", "25", home=home, check=False)
+    assert bad.returncode == 1 and "1 to 20" in bad.stderr
+    mm("memory", "config", "alpha", "reset", home=home)
+    shown = json.loads(mm("memory", "config", "alpha", "show", "--json", home=home).stdout)
+    assert shown["config"]["max_entries"] == 3
+
+
+def test_commands_on_uninitialised_home_fail_clearly(tmp_path):
+    proc = mm("agent", "list", home=tmp_path / "none", check=False)
+    assert proc.returncode == 1 and "memmesh" in proc.stderr and "init" in proc.stderr
+    assert not (tmp_path / "none").exists()

@@ -576,10 +576,10 @@ class Database:
     # ------------------------------------------------------------------ derived state
     def _rebuild_verdicts(self) -> None:
         self._evaluator = Evaluator()
-        for node in sorted((n for n in self._nodes.values() if not n.excluded),
-                           key=lambda n: (n.height, n.entry.id)):
-            e = node.entry
-            self._evaluator.add(Event(e.id, node.author_key, e.seq, node.height, node.vv, node.ops, e.is_root))
+        self._evaluator.add_many(
+            Event(n.entry.id, n.author_key, n.entry.seq, n.height, n.vv, n.ops, n.entry.is_root)
+            for n in self._nodes.values() if not n.excluded
+        )
 
     def _accepted_in_t_order(self) -> list[Node_]:
         nodes = [n for n in self._nodes.values() if not n.excluded and self._evaluator.verdict(n.entry.id).accepted]

@@ -499,28 +499,44 @@ class Evaluator:
         Adding an event already present is a no-op (returns {}). Parents are normally added
         before children; the result does not depend on the order.
         """
+        if not self._index(event):
+            return {}
+        if event.ops or event.is_root:
+            return self._reevaluate()
+        verdict, _st = _judge_data(event, self._timelines.get(event.author))
+        self._verdicts[event.id] = verdict
+        return {event.id: verdict}
+
+    def add_many(self, events: Iterable[Event]) -> dict[str, Verdict]:
+        """Add several events at once (e.g. on load): at most one run of the rounds."""
+        new = [e for e in events if self._index(e)]
+        changed = self._reevaluate() if any(e.ops or e.is_root for e in new) else {}
+        for e in new:
+            if e.id not in self._verdicts:  # data events of keys the run did not re-judge
+                self._verdicts[e.id] = changed[e.id] = _judge_data(e, self._timelines.get(e.author))[0]
+        return changed
+
+    def _index(self, event: Event) -> bool:
+        """Record the event; False if it was already there."""
         _check_event(event)
         old = self._events.get(event.id)
         if old is not None:
             if old != event:
                 raise ValueError(f"two different events share the id {event.id}")
-            return {}
-        other = self._positions.get((event.author, event.seq))
-        if other is not None:
+            return False
+        if (event.author, event.seq) in self._positions:
             raise ValueError(f"equivocation by {event.author} at seq {event.seq}: remove it before evaluating")
         self._events[event.id] = event
         self._positions[(event.author, event.seq)] = event.id
         if not event.ops and not event.is_root:
             self._data_by_author.setdefault(event.author, []).append(event)
-            verdict, _st = _judge_data(event, self._timelines.get(event.author))
-            self._verdicts[event.id] = verdict
-            return {event.id: verdict}
-        insort(self._settings_events, event, key=t_key)
-        if event.is_root:
-            self._roots.append(event)
-        for i, op in enumerate(event.ops):
-            self._all_ops.setdefault(op.key, []).append((event, i, op))
-        return self._reevaluate()
+        else:
+            insort(self._settings_events, event, key=t_key)
+            if event.is_root:
+                self._roots.append(event)
+            for i, op in enumerate(event.ops):
+                self._all_ops.setdefault(op.key, []).append((event, i, op))
+        return True
 
     def _reevaluate(self) -> dict[str, Verdict]:
         self.full_evaluations += 1

@@ -443,14 +443,7 @@ class Database:
         (verdicts of earlier entries changed).
         """
         author = entry.author_key
-        vv: dict[str, int] = {}
-        height = 0
-        for p in entry.parents:
-            parent = self._nodes[p]
-            height = max(height, parent.height + 1)
-            for a, s in parent.vv.items():
-                if vv.get(a, -1) < s:
-                    vv[a] = s
+        vv, height = self._past_of(entry)
         if entry.is_root:
             if self._nodes:
                 raise EntryRejected("entry.db", "a database has exactly one root entry")
@@ -509,14 +502,7 @@ class Database:
     def _index(self, entry: Entry) -> None:
         """Index a stored entry on load (no authorisation: _rebuild_verdicts does that)."""
         author = entry.author_key
-        vv: dict[str, int] = {}
-        height = 0
-        for p in entry.parents:
-            parent = self._nodes[p]
-            height = max(height, parent.height + 1)
-            for a, s in parent.vv.items():
-                if vv.get(a, -1) < s:
-                    vv[a] = s
+        vv, height = self._past_of(entry)
         vv[author] = entry.seq
         other = self._by_seq.get((author, entry.seq))
         excluded = entry.seq >= self._equivocators.get(author, entry.seq + 1)
@@ -528,6 +514,20 @@ class Database:
         if not excluded:
             ops, rows = self._check_payloads(entry, author)
         self._insert_node(Node_(entry, author, height, vv, ops, excluded=excluded), rows)
+
+    def _past_of(self, entry: Entry) -> tuple[dict[str, int], int]:
+        """The version vector of the entry's causal past (its parents' merged) and its height."""
+        parents = [self._nodes[p] for p in entry.parents]
+        if not parents:
+            return {}, 0
+        vv = dict(parents[0].vv)
+        height = parents[0].height + 1
+        for parent in parents[1:]:
+            height = max(height, parent.height + 1)
+            for a, s in parent.vv.items():
+                if vv.get(a, -1) < s:
+                    vv[a] = s
+        return vv, height
 
     def _flag_equivocator(self, author: str, seq: int) -> None:
         """Stop applying ``author``'s feed from ``seq`` on: its entries become evidence only."""

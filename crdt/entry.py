@@ -16,6 +16,7 @@ Checks that need state (parents, feed order, authorisation, Yjs shapes) live in 
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -60,6 +61,7 @@ def raw_to_id(raw: bytes) -> str:
     return ID_PREFIX + raw.hex()
 
 
+@lru_cache(maxsize=4096)
 def client_id_for(author: bytes) -> int:
     """The Yjs client id an author must write with: 53 bits derived from its public key."""
     digest = hashlib.sha256(_CLIENT_DOMAIN + author).digest()

@@ -453,13 +453,31 @@ def _timelines(rounds: Sequence[_Round]) -> dict[str, list[_KeyRound]]:
     return out
 
 
+_FULL_STATES: dict[int, tuple[tuple[_Ref, ...], KeyState | None]] = {}
+
+
+def _full_state(ops: tuple[_Ref, ...]) -> KeyState | None:
+    """_key_state(ops), memoised by the identity of the round's (immutable) ops tuple."""
+    hit = _FULL_STATES.get(id(ops))
+    if hit is not None and hit[0] is ops:  # the cache holds ops, so its id is not reused
+        return hit[1]
+    if len(_FULL_STATES) >= 4096:
+        _FULL_STATES.clear()
+    state = _key_state(ops)
+    _FULL_STATES[id(ops)] = (ops, state)
+    return state
+
+
 def _judge_data(x: Event, timeline: Sequence[_KeyRound] | None) -> tuple[Verdict, KeyState | None]:
     """A data-only event's verdict, round by round, exactly as the full rounds decide it."""
     if not timeline:
         return Verdict(False, UNKNOWN_KEY), None
     last = len(timeline) - 1
     for i, (ops, removals) in enumerate(timeline):
-        st = _key_state(r for r in ops if in_past(r[0], x))
+        past = [r for r in ops if in_past(r[0], x)]
+        # The common case: the entry has seen every operation on its author, so its key state
+        # is the round's full state, computed once per round rather than once per entry.
+        st = _full_state(ops) if len(past) == len(ops) else _key_state(past)
         v = _data_verdict(st)
         if v.accepted:
             for it in removals:

@@ -145,17 +145,23 @@ def _int(data: bytes, pos: int) -> tuple[int, int]:
     return (-value if negative else value), pos
 
 
-def _str(data: bytes, pos: int) -> tuple[str, int]:
+def _span(data: bytes, pos: int, what: str) -> tuple[int, int]:
+    """A varuint length at ``pos`` and the (start, end) of the bytes it counts."""
     b = data[pos]
-    if b < 0x80:
+    if b < 0x80:  # the common short case without a call
         end = pos + 1 + b
         pos += 1
     else:
         ln, pos = _uint(data, pos)
         end = pos + ln
     if end > len(data):
-        _reject("yjs.truncated", "string runs past the end of the update")
-    return data[pos:end].decode(), end
+        _reject("yjs.truncated", f"{what} runs past the end of the update")
+    return pos, end
+
+
+def _str(data: bytes, pos: int) -> tuple[str, int]:
+    start, end = _span(data, pos, "string")
+    return data[start:end].decode(), end
 
 
 def _any(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
@@ -210,16 +216,8 @@ def _any(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
             _reject("yjs.truncated", "float32 runs past the end of the update")
         return _F32.unpack_from(data, pos)[0], pos + 4
     if tag == 116:
-        b = data[pos]
-        if b < 0x80:
-            end = pos + 1 + b
-            pos += 1
-        else:
-            ln, pos = _uint(data, pos)
-            end = pos + ln
-        if end > len(data):
-            _reject("yjs.truncated", "Uint8Array runs past the end of the update")
-        return data[pos:end], end
+        start, end = _span(data, pos, "Uint8Array")
+        return data[start:end], end
     if tag == 122:
         if pos + 8 > len(data):
             _reject("yjs.truncated", "bigint runs past the end of the update")

@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--tag", action="append", default=[], dest="tags")
     q.add_argument("--limit", type=int, default=10)
     q.add_argument("--bank")
+    q.add_argument("--all", action="store_true", dest="include_superseded",
+                   help="also list rows superseded by a newer row for the same key")
 
     a = add(sub, "autorecall", "print the Relevant Memories block for the last messages")
     a.add_argument("agent")
@@ -131,10 +133,8 @@ def _dispatch(commands: Any, node: Any, args: argparse.Namespace):
         return commands.tool(node, args.agent, "remember",
                              {"key": args.key, "value": args.value, "tags": args.tags, "bank": args.bank})
     if cmd == "recall":
-        result = commands.tool(node, args.agent, "recall",
-                               {"query": args.query, "tags": args.tags, "limit": args.limit, "bank": args.bank})
-        result.text = commands.render_memories(result.data)
-        return result
+        return commands.recall(node, args.agent, args.query, args.tags, args.limit, args.bank,
+                               include_superseded=args.include_superseded)
     if cmd == "autorecall":
         return commands.autorecall(node, args.agent, args.messages, args.session)
     if cmd == "embedder":

@@ -84,6 +84,14 @@ def autorecall(node: Node, agent: str, messages: Sequence[str], session: str | N
     return Result({"block": text}, text.rstrip("\n"))
 
 
+def recall(node: Node, agent: str, query: str, tags: Sequence[str], limit: int, bank: str | None,
+           include_superseded: bool = False) -> Result:
+    """The recall tool, plus the operator's option to see superseded rows too."""
+    data = node.memory.recall(node.agents.agent(agent), query, list(tags), limit, bank,
+                              include_superseded=include_superseded)
+    return Result(data, render_memories(data), list(data.get("warnings", [])))
+
+
 def render_memories(data: dict[str, Any]) -> str:
     if not data["memories"]:
         return data["message"]

@@ -35,6 +35,11 @@ def test_remember_and_recall_shortcuts(home):
     data = json.loads(mm("recall", "alpha", "deploy", "--tag", "OPS", "--json", home=home).stdout)
     assert [m["value"] for m in data["memories"]] == ["Build via nix build"]
     assert "No memories found" in mm("recall", "alpha", "zebra", home=home).stdout
+    mm("remember", "alpha", "deploy process", "Build via nix flakes", home=home)
+    current = json.loads(mm("recall", "alpha", "deploy", "--json", home=home).stdout)
+    assert [m["value"] for m in current["memories"]] == ["Build via nix flakes"]
+    everything = json.loads(mm("recall", "alpha", "deploy", "--all", "--json", home=home).stdout)
+    assert sorted(m["value"] for m in everything["memories"]) == ["Build via nix build", "Build via nix flakes"]
 
 
 def test_tool_errors_are_one_line_and_exit_1(home):

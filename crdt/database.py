@@ -163,6 +163,7 @@ class Database:
         self._evaluator = Evaluator()
         self._docs: dict[str, pycrdt.Doc] = {}
         self._waiting: dict[str, set[str]] = {}  # missing parent -> pending entry ids
+        self._pending: dict[str, tuple[StoredEntry, tuple[str, ...]]] = {}  # id -> (entry, missing)
 
     def _load(self) -> None:
         """Rebuild every piece of derived state from what storage holds."""
@@ -174,6 +175,7 @@ class Database:
         self._rebuild_verdicts()
         self._rebuild_docs()
         for pending, missing in self.storage.pending(self.id):
+            self._pending[pending.id] = (pending, tuple(missing))
             for parent in missing:
                 self._waiting.setdefault(parent, set()).add(pending.id)
 
@@ -372,7 +374,12 @@ class Database:
                 if missing:
                     if local:
                         raise MemmeshError("a local entry names unknown parents")
-                    self.storage.put_pending(self.id, _stored(entry), missing)
+                    try:
+                        self.storage.put_pending(self.id, _stored(entry), missing)
+                    except StorageError as exc:  # the bounded area is full: refuse this one
+                        result.rejected.append((entry.id, "entry.pending_full", str(exc)))
+                        continue
+                    self._pending[entry.id] = (_stored(entry), tuple(missing))
                     for parent in missing:
                         self._waiting.setdefault(parent, set()).add(entry.id)
                     result.pending.append(entry.id)
@@ -422,19 +429,17 @@ class Database:
             self._rejections.popitem(last=False)
 
     def _pending_missing(self, entry_id: str) -> tuple[str, ...]:
-        for entry, missing in self.storage.pending(self.id):
-            if entry.id == entry_id:
-                return missing
-        return ()
+        item = self._pending.get(entry_id)
+        return item[1] if item else ()
 
     def _pending_entry(self, entry_id: str) -> Entry | None:
-        for stored, _missing in self.storage.pending(self.id):
-            if stored.id == entry_id:
-                try:
-                    return decode_entry(stored.header, stored.payloads, expected_db=self.id)
-                except RejectedError:
-                    return None
-        return None
+        item = self._pending.pop(entry_id, None)
+        if item is None:
+            return None
+        try:
+            return decode_entry(item[0].header, item[0].payloads, expected_db=self.id)
+        except RejectedError:
+            return None
 
     def _admit(self, entry: Entry) -> tuple[Node_, str, dict[str, tuple[Row, ...]]]:
         """Steps 3-6 for one entry whose parents are all known; indexes it on success.

@@ -347,3 +347,25 @@ def test_storage_failure_leaves_memory_consistent(db, monkeypatch):
     monkeypatch.undo()
     assert state(db) == before
     write(db, ALICE, {"key": "next", "value": "works again"})
+
+
+def test_pending_area_is_bounded_and_refuses_clearly(db):
+    src = replica(db)
+    ids = [write(src, ALICE, {"key": f"p{i}", "value": str(i)}) for i in range(6)]
+    storage = MemoryStorage(max_pending=3)
+    storage.add_database(db.id)
+    dst = Database(storage, db.id)
+    first, rest = ids[0], ids[1:]
+    base = [s for s in src.storage.entries(src.id) if s.id not in ids]
+    dst.ingest((s.header, dict(s.payloads)) for s in base)
+    orphans = [src.storage.get(src.id, i) for i in rest]
+    result = dst.ingest((s.header, dict(s.payloads)) for s in orphans)
+    assert len(result.pending) == 3
+    assert [r for _, r, _ in result.rejected] == ["entry.pending_full"] * 2
+    assert len(storage.pending(db.id)) == 3
+    # The missing parent arrives: the waiting entries apply; the refused ones come again later.
+    e0 = src.storage.get(src.id, first)
+    result = dst.ingest([(e0.header, dict(e0.payloads))])
+    assert set(result.accepted) == {first, *rest[:3]}
+    dst.ingest((s.header, dict(s.payloads)) for s in orphans)
+    assert state(dst) == state(src) and storage.pending(db.id) == []

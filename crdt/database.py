@@ -45,7 +45,7 @@ MAX_REJECTION_MEMORY = 1024
 
 
 @dataclass(slots=True)
-class Node_:
+class _Stored:
     """What the database remembers about one stored entry (headers stay in storage)."""
 
     entry: Entry
@@ -153,7 +153,7 @@ class Database:
         return db
 
     def _reset(self) -> None:
-        self._nodes: dict[str, Node_] = {}
+        self._nodes: dict[str, _Stored] = {}
         self._by_seq: dict[tuple[str, int], str] = {}
         self._feed_top: dict[str, tuple[int, str]] = {}  # author -> (highest seq, entry id)
         self._equivocators: dict[str, int] = {}  # author -> first forked seq
@@ -304,7 +304,8 @@ class Database:
                 f"database {self.id} (it holds {_perm_text(perm)})",
             )
 
-    def _commit_local(self, key: SigningKey, staged: Mapping[str, list[Any]]) -> str:
+    def _commit_local(self, key: SigningKey, staged: Mapping[str, list[Any]],
+                      base: Mapping[str, int] | None = None) -> str:
         author = str(key.public)
         client = _client(key)
         needed = "admin" if SETTINGS in staged else "write"
@@ -316,8 +317,17 @@ class Database:
             if not valid_store_name(store):
                 raise RejectedError("entry.store_name", f"invalid store name {store!r}")
             clock = self._next_clock.get((author, store), 0)
+            if base is not None and base.get(store, clock) != clock:
+                raise MemmeshError(
+                    f"another write by {author} to {store!r} committed while this transaction was "
+                    "open, so the row keys it handed out changed; run the transaction again"
+                )
             rows = [(f"{client}/{clock + i}", v) for i, v in enumerate(values)]
-            payloads[store] = (encode_rows(client, clock, store, rows), clock, len(rows))
+            try:
+                update = encode_rows(client, clock, store, rows)
+            except (TypeError, ValueError) as exc:  # a value Yjs cannot hold (or nests too deep)
+                raise RejectedError("entry.value", f"a row for store {store!r} cannot be stored: {exc}") from None
+            payloads[store] = (update, clock, len(rows))
         last = self._last_of(author)
         entry = sign_entry(
             key, db=self.id, seq=0 if last is None else last[0] + 1,
@@ -360,8 +370,8 @@ class Database:
         from_pending: list[str] = []
         queue = list(entries)
         rebuild = False
-        new_rows: list[tuple[Node_, dict[str, tuple[Row, ...]]]] = []
-        gc_fill: list[Node_] = []
+        new_rows: list[tuple[_Stored, dict[str, tuple[Row, ...]]]] = []
+        gc_fill: list[_Stored] = []
         try:
             while queue:
                 entry = queue.pop(0)
@@ -441,7 +451,7 @@ class Database:
         except RejectedError:
             return None
 
-    def _admit(self, entry: Entry) -> tuple[Node_, str, dict[str, tuple[Row, ...]]]:
+    def _admit(self, entry: Entry) -> tuple[_Stored, str, dict[str, tuple[Row, ...]]]:
         """Steps 3-6 for one entry whose parents are all known; indexes it on success.
 
         Returns the node and "accepted", "candidate" (stored, not applied) or "rebuild"
@@ -467,19 +477,19 @@ class Database:
         other = self._by_seq.get((author, entry.seq))
         if other is not None and other != entry.id:
             # Equivocation: keep both as evidence, stop applying the author's feed from here.
-            node = Node_(entry, author, height, vv, (), excluded=True)
+            node = _Stored(entry, author, height, vv, (), excluded=True)
             self._insert_node(node, {})
             self._flag_equivocator(author, entry.seq)
             self._rebuild_verdicts()
             return node, "rebuild", {}
         if entry.seq >= self._equivocators.get(author, entry.seq + 1):
-            node = Node_(entry, author, height, vv, (), excluded=True)
+            node = _Stored(entry, author, height, vv, (), excluded=True)
             self._insert_node(node, {})
             return node, "candidate", {}
         ops, rows = self._check_payloads(entry, author)
         event = Event(entry.id, author, entry.seq, height, vv, ops, entry.is_root)
         self._precheck(event)
-        node = Node_(entry, author, height, vv, ops)
+        node = _Stored(entry, author, height, vv, ops)
         self._insert_node(node, rows)
         changed = self._evaluator.add(event)
         verdict = self._evaluator.verdict(entry.id)
@@ -487,7 +497,7 @@ class Database:
             return node, "rebuild", rows
         return node, "accepted" if verdict.accepted else "candidate", rows
 
-    def _insert_node(self, node: Node_, rows: Mapping[str, tuple[Row, ...]]) -> None:
+    def _insert_node(self, node: _Stored, rows: Mapping[str, tuple[Row, ...]]) -> None:
         entry = node.entry
         self._nodes[entry.id] = node
         self._by_seq.setdefault((node.author_key, entry.seq), entry.id)
@@ -518,7 +528,7 @@ class Database:
         rows: dict[str, tuple[Row, ...]] = {}
         if not excluded:
             ops, rows = self._check_payloads(entry, author)
-        self._insert_node(Node_(entry, author, height, vv, ops, excluded=excluded), rows)
+        self._insert_node(_Stored(entry, author, height, vv, ops, excluded=excluded), rows)
 
     def _past_of(self, entry: Entry) -> tuple[dict[str, int], int]:
         """The version vector of the entry's causal past (its parents' merged) and its height."""
@@ -586,7 +596,7 @@ class Database:
             for n in self._nodes.values() if not n.excluded
         )
 
-    def _accepted_in_t_order(self) -> list[Node_]:
+    def _accepted_in_t_order(self) -> list[_Stored]:
         nodes = [n for n in self._nodes.values() if not n.excluded and self._evaluator.verdict(n.entry.id).accepted]
         nodes.sort(key=lambda n: (n.height, n.entry.id))
         return nodes
@@ -609,7 +619,7 @@ class Database:
             accepted = not node.excluded and self._evaluator.verdict(stored.id).accepted
             self._apply_entry(node, accepted)
 
-    def _apply_entry(self, node: Node_, accepted: bool) -> None:
+    def _apply_entry(self, node: _Stored, accepted: bool) -> None:
         entry = node.entry
         for store, desc in entry.stores.items():
             update = entry.payloads.get(store)
@@ -620,7 +630,7 @@ class Database:
                 # Keep the author's clocks contiguous so its later entries still integrate.
                 doc.apply_update(encode_gc(desc.client, desc.clock, desc.clock_len))
 
-    def _apply(self, applied: list[tuple[Node_, dict[str, tuple[Row, ...]]]], gc_fill: list[Node_]) -> None:
+    def _apply(self, applied: list[tuple[_Stored, dict[str, tuple[Row, ...]]]], gc_fill: list[_Stored]) -> None:
         for node in gc_fill:
             self._apply_entry(node, False)
         by_store: dict[str, list[RowRecord]] = {}
@@ -631,7 +641,7 @@ class Database:
         for store, rows in by_store.items():
             self._emit(RowsAdded(store, tuple(rows)))
 
-    def _records(self, store: str, node: Node_, rows: Sequence[Row]) -> list[RowRecord]:
+    def _records(self, store: str, node: _Stored, rows: Sequence[Row]) -> list[RowRecord]:
         e = node.entry
         return [RowRecord(store, r.key, r.value, e.id, node.author_key, e.ts, (node.height, e.id, r.clock)) for r in rows]
 
@@ -656,22 +666,22 @@ class Transaction:
         self._db = db
         self._key = key
         self._staged: dict[str, list[Any]] = {}
+        self._base: dict[str, int] = {}  # per store, the author's next clock at the first append
         self.entry_id: str | None = None
 
     def append(self, store: str, value: Any) -> str:
-        """Stage a new row; returns the row key it will have."""
+        """Stage a new row; returns the row key it will have once committed."""
         rows = self._staged.setdefault(store, [])
         rows.append(value)
-        author = str(self._key.public)
-        clock = self._db._next_clock.get((author, store), 0) + len(rows) - 1
-        return f"{_client(self._key)}/{clock}"
+        base = self._base.setdefault(store, self._db._next_clock.get((str(self._key.public), store), 0))
+        return f"{_client(self._key)}/{base + len(rows) - 1}"
 
     def commit(self) -> str:
         if self.entry_id is not None:
             raise MemmeshError("transaction already committed")
         if not self._staged:
             raise MemmeshError("nothing to commit")
-        self.entry_id = self._db._commit_local(self._key, self._staged)
+        self.entry_id = self._db._commit_local(self._key, self._staged, self._base)
         return self.entry_id
 
     def __enter__(self) -> "Transaction":

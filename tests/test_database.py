@@ -369,3 +369,26 @@ def test_pending_area_is_bounded_and_refuses_clearly(db):
     assert set(result.accepted) == {first, *rest[:3]}
     dst.ingest((s.header, dict(s.payloads)) for s in orphans)
     assert state(dst) == state(src) and storage.pending(db.id) == []
+
+
+def test_interleaved_transactions_of_one_key_cannot_mislabel_rows(db):
+    t1 = db.transaction(ALICE)
+    key1 = t1.append("memory", {"key": "a", "value": "first"})
+    write(db, ALICE, {"key": "b", "value": "committed in between"})
+    with pytest.raises(Exception) as err:
+        t1.commit()
+    assert "run the transaction again" in str(err.value)
+    t2 = db.transaction(ALICE)
+    key2 = t2.append("memory", {"key": "a", "value": "first"})
+    t2.commit()
+    assert key2 != key1 and key2 in {r.key for r in db.rows("memory")}
+
+
+def test_values_yjs_cannot_hold_are_refused_before_signing(db):
+    before = state(db)
+    txn = db.transaction(ALICE)
+    txn.append("memory", {"key": "x", "value": {1, 2}})
+    with pytest.raises(Exception) as err:
+        txn.commit()
+    assert getattr(err.value, "reason", None) == "entry.value"
+    assert state(db) == before

@@ -48,7 +48,6 @@ Prints a table and writes JSON (``--json``) with every figure.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -69,87 +68,26 @@ for _i, _a in enumerate(sys.argv):
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_common.py
 
 from node.memory.bm25 import InvertedIndex  # noqa: E402
 from node.memory.fusion import rrf  # noqa: E402
 from node.memory.tokens import tokenize  # noqa: E402
 from node.memory.vectors import VectorIndex  # noqa: E402
 
-HELD_OUT = 10_000
+from _common import (  # noqa: E402
+    HELD_OUT,
+    bm25s_index,
+    bm25s_query_ids,
+    bm25s_retrieve_fn,
+    compare_top10,
+    load_messages,
+    make_queries,
+    need,
+    timed,
+)
+
 DIM = 384
-TOL_F32 = 1e-5
-
-
-def _need(pkg: str, pip_name: str):
-    try:
-        return __import__(pkg)
-    except ImportError:
-        sys.exit(f"recall_core: this benchmark needs '{pip_name}' (pip install {pip_name})")
-
-
-def load_messages(seed: int) -> list[str]:
-    chitchat = _need("chitchat_dataset", "chitchat-dataset")
-    msgs = [m for m in chitchat.MessageDataset() if m.strip()]
-    random.Random(seed).shuffle(msgs)
-    return msgs
-
-
-def make_queries(held_out: list[list[str]], n: int, rnd: random.Random) -> list[list[str]]:
-    pool = [t for t in held_out if len(t) >= 2]
-    out = []
-    for _ in range(n):
-        toks = rnd.choice(pool)
-        k = rnd.randint(2, min(6, len(toks)))
-        out.append(rnd.sample(toks, k))
-    return out
-
-
-def pct(samples_ns: list[int]) -> dict[str, float]:
-    a = np.asarray(samples_ns, dtype=np.float64) / 1e6
-    return {
-        "p50_ms": float(np.percentile(a, 50)),
-        "p99_ms": float(np.percentile(a, 99)),
-        "mean_ms": float(a.mean()),
-        "max_ms": float(a.max()),
-    }
-
-
-def timed(fn, args_list, warmup: int = 20) -> tuple[list, dict[str, float]]:
-    for a in args_list[:warmup]:
-        fn(*a)
-    # The benchmark's own data (token lists) would otherwise be traversed by full
-    # collections during timing; freeze what exists so only the code under test counts.
-    gc.collect()
-    gc.freeze()
-    results, samples = [], []
-    for a in args_list:
-        t0 = time.perf_counter_ns()
-        r = fn(*a)
-        samples.append(time.perf_counter_ns() - t0)
-        results.append(r)
-    return results, pct(samples)
-
-
-def compare_top10(ix: InvertedIndex, q: list[str], ours, b_ids, b_scores) -> dict:
-    b = [(int(d), float(s)) for d, s in zip(b_ids, b_scores) if s > 0]
-    ours_ids = [d for d, _ in ours]
-    strict = ours_ids == [d for d, _ in b]
-    ids, scores = ix.scores(q)
-    exact = dict(zip(ids.tolist(), scores.tolist()))
-    tie = len(ours) == len(b)
-    tie32 = tie
-    max_rel = 0.0
-    for (od, os_), (bd, bs) in zip(ours, b):
-        mine = exact.get(bd, 0.0)
-        if mine != os_:
-            tie = False
-        if abs(mine - os_) > TOL_F32 * max(abs(os_), 1e-12):
-            tie32 = False
-    for bd, bs in b:
-        mine = exact.get(bd)
-        if mine:
-            max_rel = max(max_rel, abs(bs - mine) / mine)
-    return {"strict": strict, "tie": tie, "tie32": tie32, "max_rel": max_rel, "set": set(ours_ids) == {d for d, _ in b}}
 
 
 def bench_size(n: int, corpus_tokens, queries, rnd_seed: int, bm25s) -> dict:
@@ -169,20 +107,11 @@ def bench_size(n: int, corpus_tokens, queries, rnd_seed: int, bm25s) -> dict:
     out["queries_with_repeated_token"] = sum(len(set(q)) < len(q) for q in queries) / len(queries)
 
     # bm25s on identical token ids.
-    vocab: dict[str, int] = {}
-    ids = [[vocab.setdefault(t, len(vocab)) for t in toks] for toks in docs]
     t0 = time.perf_counter()
-    retriever = bm25s.BM25(method="lucene", k1=1.5, b=0.75)
-    retriever.index((ids, dict(vocab)), show_progress=False)
+    retriever, vocab = bm25s_index(bm25s, docs)
     out["build_s_bm25s"] = time.perf_counter() - t0
-    q_ids = [[vocab[t] for t in q if t in vocab] for q in queries]
-
-    def b_retrieve(qi):
-        if not qi:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
-        res, sc = retriever.retrieve([qi], k=min(10, n), show_progress=False, n_threads=0)
-        return res[0], sc[0]
-
+    q_ids = bm25s_query_ids(vocab, queries)
+    b_retrieve = bm25s_retrieve_fn(retriever, n)
     b_results, out["bm25s_retrieve10"] = timed(b_retrieve, [(qi,) for qi in q_ids])
 
     qargs = [(q,) for q in queries]
@@ -252,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     os.environ.setdefault("DISABLE_TQDM", "1")
-    bm25s = _need("bm25s", "bm25s")
+    bm25s = need("bm25s", "bm25s", "recall_core")
 
     msgs = load_messages(args.seed)
     sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]

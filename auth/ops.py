@@ -15,6 +15,7 @@ other shape, unknown field, wrong type (``True`` is not an int) or non-canonical
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from auth.errors import AuthError, KeyFormatError
@@ -43,6 +44,12 @@ def check_key(key: object) -> str:
     return key
 
 
+@lru_cache(maxsize=1024)
+def _permission(perm: str, priority: int | None) -> Permission:
+    # Permissions are immutable values read on every verdict: build each one once.
+    return Permission(perm, priority)
+
+
 @dataclass(frozen=True, slots=True)
 class GrantOp:
     """Give ``key`` the permission ``perm`` (with ``priority`` for admin/write)."""
@@ -63,7 +70,7 @@ class GrantOp:
 
     @property
     def permission(self) -> Permission:
-        return Permission(self.perm, self.priority)
+        return _permission(self.perm, self.priority)
 
     def to_value(self) -> dict[str, Any]:
         """The ``_settings`` row value (inverse of parse_op)."""

@@ -30,7 +30,7 @@ import pycrdt
 from auth.keys import SigningKey, public_key_str
 from auth.ops import GrantOp, RevokeOp, parse_op
 from auth.permissions import Permission, holds
-from crdt.entry import Entry, decode_entry, sign_entry
+from crdt.entry import Entry, decode_entry, decode_many, sign_entry
 from crdt.errors import AuthError, EntryRejected, MemmeshError, RejectedError, StorageError
 from crdt.storage import Storage, StoredEntry
 from crdt.validity import AuthSettings, Evaluator, Event, Verdict
@@ -349,11 +349,12 @@ class Database:
         """Validate, store and apply entries received from a peer (header, payloads)."""
         entries: list[Entry] = []
         result = IngestResult()
-        for header, payloads in items:
-            try:
-                entries.append(decode_entry(header, payloads, expected_db=self.id))
-            except RejectedError as exc:
-                result.rejected.append((None, exc.reason, str(exc)))
+        # Signatures of the whole batch are checked first, on every core (decode_many).
+        for item in decode_many(list(items), expected_db=self.id):
+            if isinstance(item, Entry):
+                entries.append(item)
+            else:
+                result.rejected.append((None, item.reason, str(item)))
         result.merge(self._ingest(entries, local=False))
         return result
 

@@ -16,9 +16,11 @@ Checks that need state (parents, feed order, authorisation, Yjs shapes) live in 
 from __future__ import annotations
 
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import msgpack
 
@@ -182,11 +184,13 @@ def decode_entry(
     payloads: Mapping[str, bytes | None] | None = None,
     *,
     expected_db: str | None = None,
+    verify_signature: bool = True,
 ) -> Entry:
     """Parse and verify a signed header and its payloads; raises EntryRejected.
 
     Checks, in order of cost: sizes, framing, body format, canonical encoding, payloads
-    against their descriptors, then the signature. ``expected_db``: the database this entry is
+    against their descriptors, then the signature (``verify_signature=False`` leaves it to
+    the caller, which must then call ``signature_ok`` or ``decode_many``). ``expected_db``: the database this entry is
     offered to; a root entry is accepted only as the root of the database with its own id.
     """
     payloads = payloads or {}
@@ -297,7 +301,7 @@ def decode_entry(
         checked[name] = bytes(update)
     for name in stores:
         checked.setdefault(name, None)
-    if not verify(author, DOMAIN_ENTRY, body_bytes, signature):
+    if verify_signature and not verify(author, DOMAIN_ENTRY, body_bytes, signature):
         raise _reject("entry.signature", "signature does not verify for the author's key")
     entry_id = id_of(header)
     if expected_db is not None:
@@ -306,3 +310,42 @@ def decode_entry(
         if not is_root and db != expected_db:
             raise _reject("entry.db", f"entry belongs to database {db}, not {expected_db}")
     return Entry(entry_id, header, author, seq, prev, parents, ts, db, nonce, stores, checked)
+
+
+def signature_ok(entry: Entry) -> bool:
+    return verify(entry.author, DOMAIN_ENTRY, entry.header[1:-66], entry.header[-64:])
+
+
+# Ed25519 verification releases the GIL, so the signatures of a batch of received entries are
+# checked on every core at once. Small batches are not worth the hand-off.
+_POOL: ThreadPoolExecutor | None = None
+_POOL_MIN_BATCH = 16
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="memmesh-verify")
+    return _POOL
+
+
+def decode_many(
+    items: Sequence[tuple[bytes, Mapping[str, bytes | None] | None]], *, expected_db: str | None = None
+) -> list[Entry | EntryRejected]:
+    """decode_entry for a batch, signatures checked in parallel; one result per item, in order."""
+    out: list[Entry | EntryRejected] = []
+    for header, payloads in items:
+        try:
+            out.append(decode_entry(header, payloads, expected_db=expected_db, verify_signature=False))
+        except EntryRejected as exc:
+            out.append(exc)
+    parsed = [(i, e) for i, e in enumerate(out) if isinstance(e, Entry)]
+    if len(parsed) < _POOL_MIN_BATCH:
+        oks = [signature_ok(e) for _, e in parsed]
+    else:
+        chunk = max(8, len(parsed) // (2 * (os.cpu_count() or 2)))
+        oks = list(_pool().map(signature_ok, [e for _, e in parsed], chunksize=chunk))
+    for (i, _), ok in zip(parsed, oks):
+        if not ok:
+            out[i] = _reject("entry.signature", "signature does not verify for the author's key")
+    return out

@@ -169,6 +169,12 @@ def _any(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
     tag = data[pos]
     pos += 1
     if tag == 119:
+        b = data[pos]
+        if b < 0x80:  # a short string, inline: the most common value by far
+            end = pos + 1 + b
+            if end > len(data):
+                _reject("yjs.truncated", "string runs past the end of the update")
+            return data[pos + 1:end].decode(), end
         return _str(data, pos)
     if tag == 125:
         b = data[pos]
@@ -197,8 +203,17 @@ def _any(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
                 append(v)
             return arr, pos
         obj = {}
+        size = len(data)
         for _ in range(n):
-            k, pos = _str(data, pos)
+            b = data[pos]
+            if b < 0x80:  # short key, inline
+                end = pos + 1 + b
+                if end > size:
+                    _reject("yjs.truncated", "string runs past the end of the update")
+                k = data[pos + 1:end].decode()
+                pos = end
+            else:
+                k, pos = _str(data, pos)
             obj[k], pos = _any(data, pos, depth)
         return obj, pos
     if tag == 120:

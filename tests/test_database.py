@@ -392,3 +392,25 @@ def test_values_yjs_cannot_hold_are_refused_before_signing(db):
         txn.commit()
     assert getattr(err.value, "reason", None) == "entry.value"
     assert state(db) == before
+
+
+def test_collector_is_restored_after_batches_even_when_they_fail(db, monkeypatch):
+    import gc
+
+    src = replica(db)
+    for i in range(40):
+        write(src, ALICE, {"key": f"g{i}", "value": "x"})
+    batch = [(s.header, dict(s.payloads)) for s in src.storage.entries(src.id)]
+    assert gc.isenabled()
+    fresh = replica(db)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(fresh.storage, "append", boom)
+    with pytest.raises(OSError):
+        fresh.ingest(batch)
+    assert gc.isenabled()
+    monkeypatch.undo()
+    fresh.ingest(batch)
+    assert gc.isenabled() and state(fresh) == state(src)

@@ -26,6 +26,7 @@ import time
 from contextlib import contextmanager
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pycrdt
@@ -33,7 +34,7 @@ import pycrdt
 from auth.keys import SigningKey, public_key_str
 from auth.ops import GrantOp, RevokeOp, parse_op
 from auth.permissions import Permission, holds
-from crdt.entry import Entry, decode_entry, decode_many, sign_entry
+from crdt.entry import Entry, StoreDescriptor, decode_entry, decode_many, sign_entry
 from crdt.errors import AuthError, EntryRejected, MemmeshError, RejectedError, StorageError
 from crdt.storage import Storage, StoredEntry
 from crdt.validity import AuthSettings, Evaluator, Event, Verdict
@@ -42,6 +43,7 @@ from crdt.yjs import Row, check_append, decode_append_update, encode_gc, encode_
 log = logging.getLogger(__name__)
 
 SETTINGS = "_settings"
+_NO_PAYLOADS: Mapping[str, bytes | None] = MappingProxyType({})
 META = "meta"
 STORE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_:./-")
 MAX_REJECTION_MEMORY = 1024
@@ -207,7 +209,9 @@ class Database:
     def _load_all(self) -> None:
         self._reset()
         stored = list(self.storage.entries(self.id))
-        entries = [decode_entry(s.header, s.payloads) for s in stored]  # stored bytes were verified
+        # Everything in storage passed the whole pipeline before it was written: the signatures
+        # are not checked again (that would be most of the cost of opening a database).
+        entries = [decode_entry(s.header, s.payloads, verify_signature=False) for s in stored]
         for entry in entries:
             self._index(entry)
         self._rebuild_verdicts()
@@ -283,14 +287,15 @@ class Database:
     def rows(self, store: str) -> list[RowRecord]:
         """Every row of the store inserted by an accepted entry, in T order."""
         out: list[RowRecord] = []
-        for node in self._accepted_in_t_order():
-            entry = node.entry
-            if store not in entry.stores:
+        # Payloads are read from storage (the database keeps only headers in memory).
+        for stored in self.storage.entries(self.id, stores=[store]):
+            update = stored.payloads.get(store)
+            node = self._nodes.get(stored.id)
+            if update is None or node is None or not self._applies(node):
                 continue
-            update = entry.payloads.get(store)
-            if update is None:
-                continue
-            out.extend(self._records(store, node, _decode(entry, store)))
+            client = node.entry.stores[store].client
+            out.extend(self._records(store, node, decode_append_update(update, root=store, client=client).rows))
+        out.sort(key=lambda r: r.order)
         return out
 
     def meta(self) -> dict[str, Any]:
@@ -417,7 +422,7 @@ class Database:
         from_pending: list[str] = []
         queue = list(entries)
         rebuild = False
-        new_rows: list[tuple[_Stored, dict[str, tuple[Row, ...]]]] = []
+        new_rows: list[tuple[_Stored, dict[str, tuple[Row, ...]], Mapping[str, bytes | None]]] = []
         gc_fill: list[_Stored] = []
         try:
             while queue:
@@ -452,7 +457,7 @@ class Database:
                     rebuild = True
                 elif outcome == "accepted":
                     result.accepted.append(entry.id)
-                    new_rows.append((node, rows))
+                    new_rows.append((node, rows, entry.payloads))
                 else:
                     result.stored_rejected.append(entry.id)
                     gc_fill.append(node)
@@ -546,6 +551,10 @@ class Database:
 
     def _insert_node(self, node: _Stored, rows: Mapping[str, tuple[Row, ...]]) -> None:
         entry = node.entry
+        if entry.payloads:
+            # Headers stay in memory; payloads live in storage only (read when rebuilding).
+            entry = node.entry = Entry(entry.id, entry.header, entry.author, entry.seq, entry.prev, entry.parents,
+                                       entry.ts, entry.db, entry.nonce, entry.stores, _NO_PAYLOADS)
         self._nodes[entry.id] = node
         self._by_seq.setdefault((node.author_key, entry.seq), entry.id)
         top = self._feed_top.get(node.author_key)
@@ -643,46 +652,41 @@ class Database:
             for n in self._nodes.values() if not n.excluded
         )
 
-    def _accepted_in_t_order(self) -> list[_Stored]:
-        nodes = [n for n in self._nodes.values() if not n.excluded and self._evaluator.verdict(n.entry.id).accepted]
-        nodes.sort(key=lambda n: (n.height, n.entry.id))
-        return nodes
+    def _applies(self, node: _Stored) -> bool:
+        return not node.excluded and self._evaluator.verdict(node.entry.id).accepted
 
     def _doc(self, store: str) -> pycrdt.Doc:
+        """A store's pycrdt document, built from the log the first time it is asked for and
+        kept up to date from then on (documents nobody reads cost no memory)."""
         doc = self._docs.get(store)
         if doc is None:
-            doc = self._docs[store] = pycrdt.Doc()
+            doc = pycrdt.Doc()
             doc.get(store, type=pycrdt.Map)
+            # Storage order respects causality (parents are stored first), which is the order
+            # each author's clocks must be integrated in.
+            for stored in self.storage.entries(self.id, stores=[store]):
+                node = self._nodes.get(stored.id)
+                if node is not None and store in node.entry.stores:
+                    _apply_to(doc, store, node.entry.stores[store], stored.payloads.get(store), self._applies(node))
+            self._docs[store] = doc
         return doc
 
     def _rebuild_docs(self) -> None:
-        self._docs = {}
-        # Storage order respects causality (parents are stored first), which is the order
-        # each author's clocks must be integrated in.
-        for stored in self.storage.entries(self.id):
-            node = self._nodes.get(stored.id)
-            if node is None:
-                continue
-            accepted = not node.excluded and self._evaluator.verdict(stored.id).accepted
-            self._apply_entry(node, accepted)
+        self._docs = {}  # rebuilt from the log when next read
 
-    def _apply_entry(self, node: _Stored, accepted: bool) -> None:
-        entry = node.entry
-        for store, desc in entry.stores.items():
-            update = entry.payloads.get(store)
-            doc = self._doc(store)
-            if accepted and update is not None:
-                doc.apply_update(update)
-            else:
-                # Keep the author's clocks contiguous so its later entries still integrate.
-                doc.apply_update(encode_gc(desc.client, desc.clock, desc.clock_len))
+    def _apply_entry(self, node: _Stored, accepted: bool, payloads: Mapping[str, bytes | None]) -> None:
+        for store, desc in node.entry.stores.items():
+            doc = self._docs.get(store)
+            if doc is not None:
+                _apply_to(doc, store, desc, payloads.get(store), accepted)
 
-    def _apply(self, applied: list[tuple[_Stored, dict[str, tuple[Row, ...]]]], gc_fill: list[_Stored]) -> None:
+    def _apply(self, applied: list[tuple[_Stored, dict[str, tuple[Row, ...]], Mapping[str, bytes | None]]],
+               gc_fill: list[_Stored]) -> None:
         for node in gc_fill:
-            self._apply_entry(node, False)
+            self._apply_entry(node, False, {})
         by_store: dict[str, list[RowRecord]] = {}
-        for node, rows in applied:
-            self._apply_entry(node, True)
+        for node, rows, payloads in applied:
+            self._apply_entry(node, True, payloads)
             for store, store_rows in rows.items():
                 by_store.setdefault(store, []).extend(self._records(store, node, store_rows))
         for store, rows in by_store.items():
@@ -745,11 +749,12 @@ def _client(key: SigningKey) -> int:
     return client_id_for(key.public.raw)
 
 
-def _decode(entry: Entry, store: str) -> tuple[Row, ...]:
-    update = entry.payloads.get(store)
-    if update is None:
-        return ()
-    return decode_append_update(update, root=store, client=entry.stores[store].client).rows
+def _apply_to(doc: pycrdt.Doc, store: str, desc: StoreDescriptor, update: bytes | None, accepted: bool) -> None:
+    if accepted and update is not None:
+        doc.apply_update(update)
+    else:
+        # Keep the author's clocks contiguous so its later entries still integrate.
+        doc.apply_update(encode_gc(desc.client, desc.clock, desc.clock_len))
 
 
 def _stored(entry: Entry) -> StoredEntry:

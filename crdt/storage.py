@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -177,8 +177,13 @@ class Storage(ABC):
         were new. Durable when it returns."""
 
     @abstractmethod
-    def entries(self, db_id: str) -> Iterator[StoredEntry]:
-        """Entries in append order (the order they were first stored)."""
+    def entries(self, db_id: str, *, stores: Collection[str] | None = None) -> Iterator[StoredEntry]:
+        """Entries in append order (the order they were first stored).
+
+        ``stores``: read only these payloads (every entry is still yielded, its payload
+        mapping holding just the named stores it has), so a caller rebuilding one store does
+        not read every other store's bytes.
+        """
 
     @abstractmethod
     def get(self, db_id: str, entry_id: str) -> StoredEntry | None: ...
@@ -308,12 +313,13 @@ class MemoryStorage(Storage):
                 db.unpend(entry_id)
             return len(new)
 
-    def entries(self, db_id: str) -> Iterator[StoredEntry]:
+    def entries(self, db_id: str, *, stores: Collection[str] | None = None) -> Iterator[StoredEntry]:
         with self._lock:
             db = self._db(db_id)
-        return self._iter_entries(db)
+            wanted = None if stores is None else frozenset(check_ids(stores, "stores"))
+        return self._iter_entries(db, wanted)
 
-    def _iter_entries(self, db: _Db) -> Iterator[StoredEntry]:
+    def _iter_entries(self, db: _Db, wanted: frozenset[str] | None = None) -> Iterator[StoredEntry]:
         position = 0
         while True:
             with self._lock:
@@ -322,7 +328,12 @@ class MemoryStorage(Storage):
             if not page:
                 return
             position += len(page)
-            yield from page
+            if wanted is None:
+                yield from page
+            else:
+                for e in page:
+                    yield StoredEntry(e.id, e.header, freeze_payloads(
+                        {k: v for k, v in e.payloads.items() if k in wanted}))
 
     def get(self, db_id: str, entry_id: str) -> StoredEntry | None:
         with self._lock:

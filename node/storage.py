@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -275,14 +275,16 @@ class SqliteStorage(Storage):
         return key
 
     @staticmethod
-    def _payloads(conn: sqlite3.Connection, table: str, column: str, keys: list[int]) -> dict[int, dict[str, Any]]:
+    def _payloads(conn: sqlite3.Connection, table: str, column: str, keys: list[int],
+                  stores: tuple[str, ...] | None = None) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {k: {} for k in keys}
-        if not keys:
+        if not keys or stores == ():
             return out
         marks = ",".join("?" * len(keys))
+        only = "" if stores is None else f" AND store IN ({','.join('?' * len(stores))})"
         rows = conn.execute(
-            f"SELECT {column}, store, data FROM {table} WHERE {column} IN ({marks}) ORDER BY {column}, store",
-            keys,
+            f"SELECT {column}, store, data FROM {table} WHERE {column} IN ({marks}){only} ORDER BY {column}, store",
+            keys + list(stores or ()),
         )
         for key, store, data in rows:
             out[key][store] = data
@@ -353,12 +355,13 @@ class SqliteStorage(Storage):
                     )
             return new
 
-    def entries(self, db_id: str) -> Iterator[StoredEntry]:
+    def entries(self, db_id: str, *, stores: Collection[str] | None = None) -> Iterator[StoredEntry]:
         with self._lock:
             db = self._db_key(db_id)
-        return self._iter_entries(db)
+            wanted = None if stores is None else tuple(sorted(set(check_ids(stores, "stores"))))
+        return self._iter_entries(db, wanted)
 
-    def _iter_entries(self, db: int) -> Iterator[StoredEntry]:
+    def _iter_entries(self, db: int, stores: tuple[str, ...] | None = None) -> Iterator[StoredEntry]:
         last = 0
         while True:
             with self._reading() as conn:
@@ -366,7 +369,7 @@ class SqliteStorage(Storage):
                     "SELECT seq, id, header FROM entries WHERE db = ? AND seq > ? ORDER BY seq LIMIT ?",
                     (db, last, _PAGE),
                 ).fetchall()
-                payloads = self._payloads(conn, "payloads", "entry", [r[0] for r in rows])
+                payloads = self._payloads(conn, "payloads", "entry", [r[0] for r in rows], stores)
             if not rows:
                 return
             last = rows[-1][0]

@@ -119,6 +119,20 @@ class StorageConformance:
         assert [e.id for e in store.entries("db-a")] == [e.id for e in entries]
         assert list(store.entries("db-a")) == entries
 
+    def test_entries_reading_only_some_stores(self, store):
+        entries = [make_entry(size=i, stores=("memory", "embeddings:x/y", "meta")[: 1 + i % 3]) for i in range(700)]
+        store.append("db-a", entries)
+        store.erase_payload("db-a", entries[2].id, "embeddings:x/y")
+        only = list(store.entries("db-a", stores=["embeddings:x/y"]))
+        assert [e.id for e in only] == [e.id for e in entries]  # every entry, in order
+        for got, full in zip(only, store.entries("db-a")):
+            assert got.header == full.header
+            assert dict(got.payloads) == {k: v for k, v in full.payloads.items() if k == "embeddings:x/y"}
+        assert only[2].payloads == {"embeddings:x/y": None}
+        assert all(not e.payloads for e in store.entries("db-a", stores=[]))
+        with pytest.raises(TypeError):
+            list(store.entries("db-a", stores="memory"))
+
     def test_order_is_first_stored_not_id_order(self, store):
         entries = sorted((make_entry() for _ in range(20)), key=lambda e: e.id, reverse=True)
         store.append("db-a", entries)

@@ -25,9 +25,12 @@ test-fast: venv
 demo: venv
 	$(BIN)/python -m node.demo
 
+# Benchmarks print a table and write JSON under bench/results/ (see docs/benchmarks.md).
 bench: venv
-	$(BIN)/python -m pip install --quiet -e ".[bench]"
-	$(BIN)/python bench/core.py
+	$(BIN)/python -m pip install --quiet -e ".[test,embed,bench]"
+	$(BIN)/python bench/core.py --json bench/results/core.json
+	$(BIN)/python bench/recall.py --json bench/results/recall.json
+	$(BIN)/python bench/embedders.py --json bench/results/embedders.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -134,3 +134,21 @@ def compare_top10(ix, q: list[str], ours, b_ids, b_scores, exact: dict[int, floa
         if mine:
             max_rel = max(max_rel, abs(bs - mine) / mine)
     return {"strict": strict, "tie": tie, "tie32": tie32, "max_rel": max_rel, "set": set(ours_ids) == {d for d, _ in b}}
+
+
+def machine() -> dict[str, str | int]:
+    """What the figures were measured on: CPU model, cores, Python, system."""
+    import os
+    import platform
+    from pathlib import Path
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count() or 0, "python": platform.python_version(),
+            "system": f"{platform.system()} {platform.release()}"}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from auth.ops import GrantOp  # noqa: E402
 from crdt.database import Database  # noqa: E402
 from crdt.yjs import decode_append_update, encode_rows  # noqa: E402
 from node.storage import SqliteStorage  # noqa: E402
+from _common import machine  # noqa: E402,F401  (re-exported: other benches import it from here)
 
 TEXT = ("The deploy process uses nix build and then copies the closure to prod; "
         "remember to push the cache afterwards and tag the release.")
@@ -90,19 +90,6 @@ def bench_remote(tmp: Path, source: Database, batch: int) -> tuple[float, int]:
     if len(db.rows("memory")) != len(rest):
         raise SystemExit("bench: not every entry was applied")
     return rate, len(rest)
-
-
-def machine() -> dict[str, str | int]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count() or 0, "python": platform.python_version(),
-            "system": f"{platform.system()} {platform.release()}"}
 
 
 def main() -> int:

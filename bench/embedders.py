@@ -23,7 +23,6 @@ import datetime as _dt
 import json
 import math
 import os
-import platform
 import re
 import struct
 import sys
@@ -34,6 +33,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine  # noqa: E402
 
 from node.memory.embedders import HashedEmbedder, LocalOnnxEmbedder, local_model_problem  # noqa: E402
 
@@ -447,15 +449,8 @@ def speed(emb, texts: list[str], repeat: int) -> dict[str, float]:
 
 
 def machine_info() -> dict[str, str]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"nproc": str(os.cpu_count()), "cpu": cpu, "python": platform.python_version(),
+    m = machine()
+    info = {"nproc": str(m["cores"]), "cpu": str(m["cpu"]), "python": str(m["python"]),
             "numpy": np.__version__, "date": _dt.date.today().isoformat()}
     try:
         import onnxruntime

@@ -42,6 +42,13 @@ Measured, per N:
   p50 (above 1: we are faster; our time includes tokenising the query string and building
   the Memory list, bm25s gets token ids).
 
+Opening a node, per N (what every ``memmesh`` CLI command pays, a fresh process each):
+``db_open_s_<N>`` = ``Database.open`` of the database from its SQLite file (a second
+connection to the file just written; decodes and verifies nothing new, rebuilds the derived
+state), ``view_build_s_<N>`` = building a :class:`MemoryView` (hashed store and dim) over
+that already-open database, i.e. the wait of the first recall after opening; Database.open is
+not included. Median of ``OPEN_REPEATS`` runs, each on a new Database and storage.
+
 And once: ``remember_per_s`` (one memory + its vector per signed entry, as
 MemoryService.remember writes it, into a fresh database with a view attached),
 ``embed_texts_per_s_default`` / ``embed_texts_per_s_hashed`` (batches of 32), and
@@ -106,6 +113,7 @@ from node.storage import SqliteStorage  # noqa: E402
 
 SIZES = {1_000: "1k", 10_000: "10k", 100_000: "100k"}
 ROWS_PER_ENTRY = 200
+OPEN_REPEATS = 3
 TAGS = ("chat", "personal", "work", "ideas", "todo", "family")
 KEY_WORDS = 3
 EMBED_BATCH = 32
@@ -196,6 +204,27 @@ def build(tmp: Path, mems: list[Mem], n: int, hashed: HashedEmbedder) -> dict:
             "db_file_mb": os.path.getsize(storage.path) / 2**20,
         },
     }
+
+
+def time_open(path: str, db_id: str, n: int, hashed: HashedEmbedder, repeats: int = OPEN_REPEATS) -> dict:
+    """``Database.open`` of the SQLite file, then a MemoryView over the open database (timed apart)."""
+    opens, views = [], []
+    for _ in range(repeats):
+        gc.collect()
+        storage = SqliteStorage(path)
+        t = time.perf_counter()
+        db = Database.open(storage, db_id)
+        opens.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        view = MemoryView(db, embedding_store=hashed.store_name, dim=hashed.dim)
+        views.append(time.perf_counter() - t)
+        if len(view) != n:
+            raise SystemExit(f"recall: the reopened view holds {len(view)} current memories, expected {n}")
+        view.close()
+        storage.close()
+        del view, db, storage
+    return {"db_open_s": float(np.median(opens)), "view_build_s": float(np.median(views)),
+            "db_open_samples_s": opens, "view_build_samples_s": views, "repeats": repeats}
 
 
 def remember_fn(db: Database, key: SigningKey, hashed: HashedEmbedder):
@@ -365,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             "storage": "SqliteStorage (WAL, synchronous=NORMAL) in a temporary directory",
             "signing": "Ed25519, Database.transaction(...).commit() per entry",
             "view": "MemoryView subscribed before the first write (incremental updates)",
+            "open": f"db_open_s / view_build_s: median of {OPEN_REPEATS} x (new SqliteStorage on the file, "
+                    "Database.open timed, then MemoryView(hashed store, dim) timed apart: the view's bulk rebuild)",
             "one_database_per_size": True,
             "order": "largest size first (its RSS is measured before any other database existed in the process), then the others",
         },
@@ -398,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
                 extra.close()
                 del extra
                 gc.collect()
+            opened = time_open(built["storage"].path, built["db"].id, n, hashed)
+            log(f"opened {label}: Database.open {opened['db_open_s']:.2f}s, view {opened['view_build_s']:.2f}s")
             r = bench_size(n, built, mems, doc_tokens, queries, hashed, bm25s)
+            r["open"] = opened
             r["full_gc_ms_bench_data"] = gc_base_ms
             r["full_gc_ms_node"] = r["full_gc_ms"] - gc_base_ms
             if rss:
@@ -439,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         flat[f"top10_identical_frac_{label}"] = r["top10_identical"]
         flat[f"top10_tie_aware_frac_{label}"] = r["top10_tie_aware"]
         flat[f"bm25s_speed_ratio_{label}"] = r["bm25s_speed_ratio"]
+        flat[f"db_open_s_{label}"] = r["open"]["db_open_s"]
+        flat[f"view_build_s_{label}"] = r["open"]["view_build_s"]
     flat["remember_per_s"] = report["remember"]["per_s"]
     flat["embed_texts_per_s_default"] = (report["embed_default"] or report["embed_hashed"])["texts_per_s"]
     flat["embed_default_provider"] = (report["embed_default"] or report["embed_hashed"])["provider"]
@@ -493,6 +529,8 @@ def print_table(report: dict, sizes: list[int]) -> None:
         ("top-10 tie-aware exact / f32", lambda r: f"{100 * r['top10_tie_aware']:.1f}% / {100 * r['top10_tie_aware_f32']:.1f}%"),
         ("max rel score diff vs bm25s", lambda r: f"{r['max_rel_score_diff']:.1e}"),
         ("full gc.collect() ms: node / total", lambda r: f"{r['full_gc_ms_node']:.0f} / {r['full_gc_ms']:.0f}"),
+        ("open: Database.open / view build s",
+         lambda r: f"{r['open']['db_open_s']:.2f} / {r['open']['view_build_s']:.2f}"),
     ]
     cols = [SIZES[n] for n in sizes]
     w = max(len(name) for name, _ in rows)

@@ -566,3 +566,211 @@ def test_replicas_fed_in_any_order_return_identical_rankings(ops, rnd):
     seed = rnd.random()
     observed = [_observe(v, random.Random(seed)) for v in views]
     assert observed[0] == observed[1] == observed[2]
+
+
+# ------------------------------------------------------ bulk rebuild == incremental feed
+REBUILD_WORDS = WORDS + ["gamma", "hotel", "india"]
+
+rebuild_op = st.one_of(
+    # remember: author, key, words, tags, vector (length 3 or 4, or none)
+    st.tuples(st.just("remember"), st.integers(0, 2), st.sampled_from(MKEYS + ["k4", "k5"]),
+              st.lists(st.sampled_from(REBUILD_WORDS), min_size=1, max_size=5),
+              st.lists(st.sampled_from(TAGS), max_size=3),
+              st.one_of(st.none(), st.lists(st.integers(-2, 2), min_size=3, max_size=4))),
+    # reindex: a later vector for an earlier row (chosen by index), in its own entry
+    st.tuples(st.just("reindex"), st.integers(0, 2), st.integers(0, 50),
+              st.lists(st.integers(-2, 2), min_size=3, max_size=4)),
+    # batch: several memories (and vectors) in one entry, maybe the same key twice
+    st.tuples(st.just("batch"), st.integers(0, 2),
+              st.lists(st.tuples(st.sampled_from(MKEYS), st.lists(st.sampled_from(REBUILD_WORDS), min_size=1,
+                                                                  max_size=3)), min_size=1, max_size=4)),
+    # a malformed memory row and a malformed / non-finite vector, from a writer
+    st.tuples(st.just("hostile"), st.integers(0, 50)),
+)
+
+
+def _by_row(view: MemoryView, hits) -> list:
+    return [(view._ix.mem[d].row_key, s) for d, s in hits]
+
+
+def _view_state(view: MemoryView, rnd: random.Random) -> list:
+    out: list = _observe(view, rnd)
+    for q in ["apple", "gamma hotel", "india echo fig", "k0", "red blue"]:
+        out.append(view.recall(q, limit=7, query_vector=np.array([0.5, 1.0, -1.0, 2.0])))
+        # Exact BM25 and cosine scores, by row key (local doc ids may differ).
+        out.append(sorted(_by_row(view, view._ix.bm25.search(tokenize(q), limit=None))))
+    for dim, index in sorted(view._ix.vectors.items()):
+        if not len(index):  # an emptied index (fed) and none at all (rebuilt) answer alike
+            continue
+        for q in (np.arange(1.0, dim + 1), -np.ones(dim)):
+            out.append((dim, sorted(_by_row(view, index.search(q, limit=None)))))
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(rebuild_op, min_size=1, max_size=30), st.randoms(use_true_random=False))
+def test_a_view_rebuilt_from_scratch_equals_one_fed_incrementally(ops, rnd):
+    db = new_db(ADMIN)
+    grant(db, ADMIN, ALICE, "write", 10)
+    grant(db, ADMIN, BOB, "write", 10)
+    fed = [MemoryView(db, embedding_store=STORE), MemoryView(db, embedding_store=STORE, dim=3)]
+    row_keys: list[str] = []
+    for op in ops:
+        who = BOB if op[0] == "hostile" else WRITERS[op[1]]
+        if op[0] == "remember":
+            _, _, k, words, tags, vec = op
+            row_keys.append(remember(db, who, k, " ".join(words), tags, vector=vec))
+        elif op[0] == "reindex" and row_keys:
+            txn = db.transaction(who)
+            txn.append(STORE, embedding_value(row_keys[op[2] % len(row_keys)], np.array(op[3], dtype=np.float32)))
+            txn.commit()
+        elif op[0] == "batch":
+            txn = db.transaction(who)
+            for i, (k, words) in enumerate(op[2]):
+                row = txn.append(MEMORY_STORE, memory_value(k, " ".join(words), ["batch"] if i % 2 else []))
+                txn.append(STORE, embedding_value(row, np.array([i, 1, -1], dtype=np.float32)))
+                row_keys.append(row)
+            txn.commit()
+        elif op[0] == "hostile":
+            target = row_keys[op[1] % len(row_keys)] if row_keys else "0/0"
+            e = craft(db, who, {
+                MEMORY_STORE: rows_update(who, MEMORY_STORE, next_clock(db, who, MEMORY_STORE),
+                                          [{"key": "k0", "value": "bad tags", "tags": [""]}]),
+                STORE: rows_update(who, STORE, next_clock(db, who, STORE), [
+                    {"row": target, "v": np.array([np.inf, 0, 0], dtype="<f4").tobytes()},
+                    {"row": target, "v": b"\x00\x01"},
+                ]),
+            })
+            assert db.ingest([(e.header, dict(e.payloads))]).accepted == [e.id]
+    # A replica fed the entries in shuffled batches (vectors may arrive before their rows).
+    other = _fresh(db.id)
+    fed.append(MemoryView(other, embedding_store=STORE))
+    delivery = [(s.header, dict(s.payloads)) for s in db.storage.entries(db.id)]
+    rnd.shuffle(delivery)
+    for i in range(0, len(delivery), 3):
+        other.ingest(delivery[i:i + 3])
+    built = [MemoryView(db, embedding_store=STORE), MemoryView(db, embedding_store=STORE, dim=3),
+             MemoryView(other, embedding_store=STORE)]
+    seed = rnd.random()
+    for a, b in zip(fed, built):
+        assert not a._stale  # really fed incrementally, never rebuilt
+        assert _view_state(a, random.Random(seed)) == _view_state(b, random.Random(seed))
+    # A stale view rebuilds (bulk) into the same state; switching stores reloads vectors in bulk.
+    fed[0]._stale = True
+    assert _view_state(fed[0], random.Random(seed)) == _view_state(built[0], random.Random(seed))
+    fed[1].set_embedding_store(STORE, dim=3)
+    assert _view_state(fed[1], random.Random(seed)) == _view_state(built[1], random.Random(seed))
+
+
+def test_rebuild_bulk_path_matches_incremental_on_a_larger_bank():
+    # Enough memories for the bulk indexes to use their chunked paths (more documents than
+    # one add_many chunk, more vectors than one normalisation block).
+    db = new_db(ADMIN)
+    fed = MemoryView(db, embedding_store=STORE, dim=3)
+    rnd = random.Random(11)
+    words = [f"w{i}" for i in range(300)] + WORDS
+    for start in range(0, 5000, 250):
+        txn = db.transaction(ADMIN)
+        for i in range(start, start + 250):
+            k = f"key{i}" if rnd.random() < 0.9 else f"key{rnd.randrange(i + 1)}"  # some superseded rows
+            row = txn.append(MEMORY_STORE, memory_value(k, " ".join(rnd.choices(words, k=rnd.randint(1, 12))),
+                                                        rnd.sample(TAGS, rnd.randint(0, 2))))
+            if rnd.random() < 0.9:
+                txn.append(STORE, embedding_value(row, np.array([rnd.gauss(0, 1) for _ in range(3)], dtype=np.float32)))
+        txn.commit()
+    built = MemoryView(db, embedding_store=STORE, dim=3)
+    assert len(built) == len(fed) > 4096
+    for q in ["w1 w2", "apple", "w299 banana w7", "key17", ""]:
+        for tags in ([], ["red"]):
+            for qv in (None, np.array([1.0, -0.5, 0.25])):
+                assert built.recall(q, tags=tags, limit=100, query_vector=qv) == fed.recall(
+                    q, tags=tags, limit=100, query_vector=qv)
+        assert sorted(_by_row(built, built._ix.bm25.search(tokenize(q), limit=None))) == sorted(
+            _by_row(fed, fed._ix.bm25.search(tokenize(q), limit=None)))
+    assert built.missing_vectors() == fed.missing_vectors()
+    assert built._ix.vectors[3].capacity == len(built._ix.vectors[3])  # sized exactly
+
+
+# ------------------------------------------------------------------- row parsing paths
+def _reference_check_tags(tags):
+    """The tag rules stated one tag at a time (as memory_value documents them)."""
+    if tags is None:
+        return ()
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, (list, tuple)):
+        raise MemoryInputError("tags must be a list of strings")
+    out, seen = [], set()
+    for tag in tags:
+        if not isinstance(tag, str) or not tag or len(tag) > MAX_TAG_CHARS or tag.isspace():
+            raise MemoryInputError("bad tag")
+        try:
+            tag.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MemoryInputError("lone surrogate") from None
+        if tag.casefold() not in seen:
+            seen.add(tag.casefold())
+            out.append(tag)
+    if len(out) > MAX_TAGS:
+        raise MemoryInputError("too many")
+    return tuple(out)
+
+
+_tag = st.one_of(
+    st.sampled_from(["a", "A", "work", "WORK", "Straße", "STRASSE", " ", "\t", "", "\ud800", "x\udfff", "é", "É"]),
+    st.text(max_size=3),
+    st.text(alphabet="ab", min_size=MAX_TAG_CHARS - 1, max_size=MAX_TAG_CHARS + 1),
+    st.integers(), st.none(), st.binary(max_size=2),
+)
+
+
+@settings(max_examples=500)
+@given(st.one_of(st.lists(_tag, max_size=6), st.lists(_tag, max_size=6).map(tuple),
+                 st.lists(st.sampled_from([f"t{i}" for i in range(40)] + ["T1", "T2"]), max_size=40),
+                 st.none(), st.text(max_size=3), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2)))
+def test_tag_check_fast_path_is_as_strict_as_the_rules(tags):
+    from node.memory.rows import _check_tags
+
+    try:
+        expected = _reference_check_tags(tags)
+    except MemoryInputError:
+        with pytest.raises(MemoryInputError):
+            _check_tags(tags)
+        return
+    got = _check_tags(tags)
+    assert got == expected and type(got) is tuple and all(type(a) is type(b) for a, b in zip(got, expected))
+
+
+def test_parse_embeddings_gives_parse_embedding_verdicts(caplog):
+    from crdt.database import RowRecord
+
+    from node.memory.rows import parse_embeddings
+
+    eid = "sha256:" + "b" * 64
+    rnd = random.Random(4)
+    values = []
+    for i in range(3000):
+        n = rnd.choice([3, 3, 3, 4])
+        vec = np.array([rnd.gauss(0, 1) for _ in range(n)], dtype="<f4")
+        if rnd.random() < 0.05:
+            vec[rnd.randrange(n)] = rnd.choice([np.nan, np.inf, -np.inf])
+        values.append(rnd.choice([
+            {"row": f"1/{i}", "v": vec.tobytes()}, {"row": f"1/{i}", "v": vec.tobytes()},
+            {"row": f"1/{i}", "v": vec.tobytes()}, "junk", {"row": "", "v": vec.tobytes()},
+            {"row": f"1/{i}", "v": vec.tobytes()[:-1]}, {"row": f"1/{i}", "v": b""},
+            {"row": f"1/{i}", "v": list(vec)},
+        ]))
+    records = [RowRecord(STORE, f"2/{i}", v, eid, "author", 0, (1, eid, i)) for i, v in enumerate(values)]
+    for dim in (None, 3, 4):
+        with caplog.at_level(logging.DEBUG, logger="node.memory.rows"):
+            caplog.clear()
+            one = [parse_embedding(r, dim) for r in records]
+            logs_one = sorted(caplog.messages)
+            caplog.clear()
+            many = parse_embeddings(records, dim)
+            logs_many = sorted(caplog.messages)
+        assert logs_many == logs_one
+        assert len(many) == len(one) and any(p is None for p in one) and any(p is not None for p in one)
+        for a, b in zip(one, many):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a[0] == b[0] and b[1].dtype == np.float32 and a[1].tobytes() == b[1].tobytes()
+    assert parse_embeddings([], 3) == []

@@ -19,6 +19,7 @@ from node.memory.tokens import (
     document_text,
     tokenize,
 )
+from node.memory import vectors as vectors_module
 from node.memory.vectors import VectorIndex
 
 # --------------------------------------------------------------------------- tokens
@@ -544,3 +545,236 @@ def test_rank_candidates_matches_sort(pairs, limit, mod):
     assert rank_candidates(ids, scores, limit=limit, allowed=allowed, tiebreak=tb) == want
     plain = sorted(pairs, key=lambda p: (-p[1], p[0]))
     assert rank_candidates(ids, scores, limit=limit) == (plain if limit is None else plain[:limit])
+
+
+# ----------------------------------------------------------------------- bulk loads
+_bulk_vocab = _VOCAB + [f"w{i}" for i in range(40)]
+_bulk_docs = st.lists(
+    st.tuples(st.integers(0, 200), st.lists(st.sampled_from(_bulk_vocab), max_size=12)),
+    max_size=60,
+    unique_by=lambda d: d[0],
+)
+
+
+def _bm25_state(ix: InvertedIndex, queries) -> list:
+    out: list = [len(ix), ix.avgdl, [ix.df(t) for t in _bulk_vocab + ["zzz"]]]
+    for q in queries:
+        out.append(ix.search(q, limit=None))
+        out.append(ix.search(q, limit=3))
+        ids, scores = ix.scores(q)
+        order = np.argsort(ids)
+        out.append((ids[order].tolist(), scores[order].tolist()))
+    return out
+
+
+@given(_bulk_docs, st.integers(0, 60), st.sampled_from([1, 3, 4096]), st.randoms(use_true_random=False))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_bm25_add_many_equals_incremental(docs, split, merge_min, rnd):
+    # The same corpus built one document at a time and in bulk (into an empty index, and
+    # into one holding the first documents) answers every query identically: same ids,
+    # bit-identical scores. A small _MERGE_MIN makes the incremental index rebuild its main
+    # postings often, so main part, tail and both mixed are all compared.
+    queries = [["ant"], ["bee", "cat"], ["dog", "dog", "eel"], ["w1", "w2", "ant"], ["zzz"], _bulk_vocab,
+               rnd.sample(_bulk_vocab, 5)]
+    saved = bm25_module._MERGE_MIN
+    bm25_module._MERGE_MIN = merge_min
+    try:
+        one = InvertedIndex()
+        for doc_id, tokens in docs:
+            one.add(doc_id, tokens)
+        bulk = InvertedIndex()
+        bulk.add_many(docs)
+        mixed = InvertedIndex()
+        for doc_id, tokens in docs[:split]:
+            mixed.add(doc_id, tokens)
+        mixed.add_many(iter(docs[split:]))  # any iterable, tokens as tuples too
+        expected = _bm25_state(one, queries)
+        assert _bm25_state(bulk, queries) == expected
+        assert _bm25_state(mixed, queries) == expected
+        # Both keep working incrementally: remove some, add more, compact.
+        extra = [(1000 + i, rnd.sample(_bulk_vocab, rnd.randint(0, 5))) for i in range(5)]
+        victims = [d for d, _ in docs if rnd.random() < 0.3]
+        for ix in (one, bulk, mixed):
+            for d in victims:
+                ix.remove(d)
+            for d, t in extra:
+                ix.add(d, t)
+        expected = _bm25_state(one, queries)
+        assert _bm25_state(bulk, queries) == expected
+        assert _bm25_state(mixed, queries) == expected
+        for ix in (one, bulk, mixed):
+            ix.compact()
+            assert _bm25_state(ix, queries) == expected
+    finally:
+        bm25_module._MERGE_MIN = saved
+
+
+def test_bm25_add_many_large_tf_and_validation():
+    # tf beyond 255 and 65535 changes the stored tf type, never the scores.
+    docs = [(1, ["big"] * 70_000 + ["x"]), (2, ["big"] * 300), (3, ["big", "x"]), (4, [])]
+    one, bulk = InvertedIndex(), InvertedIndex()
+    for d, t in docs:
+        one.add(d, t)
+    bulk.add_many(docs)
+    for q in (["big"], ["x"], ["big", "x"]):
+        assert bulk.search(q, limit=None) == one.search(q, limit=None)
+    one.compact()
+    assert bulk.search(["big", "x"], limit=None) == one.search(["big", "x"], limit=None)
+
+    ix = InvertedIndex()
+    ix.add(1, ["alpha"])
+    before = _bm25_state(ix, [["alpha"], ["beta"]])
+    for bad, error in [
+        ([(2, ["beta"]), (2, ["gamma"])], ValueError),  # the same id twice
+        ([(2, ["beta"]), (1, ["gamma"])], ValueError),  # already indexed
+        ([(2, ["beta"]), (3, "gamma")], TypeError),  # a string, not a token list
+        ([(2, ["beta"]), (3, ["gamma", 5])], TypeError),  # a token that is not a string
+        ([(2, ["beta"]), (3, [["unhashable"]])], TypeError),
+        ([(2, ["beta"]), ("3", ["gamma"])], TypeError),  # a doc id that is not an int
+        ([(True, ["beta"])], TypeError),
+    ]:
+        with pytest.raises(error):
+            ix.add_many(bad)
+        # Refused as a whole: nothing added, not even to the vocabulary.
+        assert _bm25_state(ix, [["alpha"], ["beta"]]) == before
+        assert ix.df("beta") == 0 and "beta" not in ix._vocab and 2 not in ix
+    ix.add_many([])
+    assert _bm25_state(ix, [["alpha"], ["beta"]]) == before
+
+
+def test_bm25_postings_memory_is_flat():
+    # No array objects per token: the main postings are three shared arrays.
+    rnd = random.Random(3)
+    docs = [(i, [f"u{i}"] + rnd.choices(_VOCAB, k=5)) for i in range(5000)]
+    ix = InvertedIndex()
+    ix.add_many(docs)
+    assert ix._tail == {} and len(ix._offs) == len(ix._vocab) + 1
+    assert len(ix._c_slot) == sum(len(set(t)) for _, t in docs) and ix._c_tf.dtype == np.uint8
+    # Incremental adds go to the tail until it is large enough to be merged.
+    for i in range(5000, 5100):
+        ix.add(i, ["tail", f"u{i}"])
+    assert len(ix._tail) == 101 and ix.nbytes() > 0
+    saved = bm25_module._MERGE_MIN
+    try:
+        bm25_module._MERGE_MIN = 10
+        for i in range(5100, 5100 + 4000):  # the main part has ~27k postings: merged on the way
+            ix.add(i, [f"u{i}", "more"])
+    finally:
+        bm25_module._MERGE_MIN = saved
+    assert len(ix._tail) < 1500 and len(ix._c_slot) > 30_000  # merged once
+    fresh = InvertedIndex()
+    for d, t in docs + [(i, ["tail", f"u{i}"]) for i in range(5000, 5100)] + [
+        (i, [f"u{i}", "more"]) for i in range(5100, 9100)
+    ]:
+        fresh.add(d, t)
+    for q in (["tail"], ["more", "ant"], ["u5050", "u9000", "u7000", "bee"]):
+        assert ix.search(q, limit=None) == fresh.search(q, limit=None)
+
+
+_vec32 = st.lists(
+    st.one_of(st.floats(-10, 10, allow_nan=False, width=32), st.floats(-2.0**100, 2.0**100, allow_nan=False, width=32),
+              st.sampled_from([0.0, 1e-30, -1e-38, 3e38, 1.0])),
+    min_size=5, max_size=5,
+)
+
+
+@given(st.lists(_vec32, max_size=40), st.integers(0, 40), st.lists(_vec32, min_size=1, max_size=3))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_vectors_add_many_equals_add(rows, split, queries):
+    mat = np.array(rows, dtype=np.float32).reshape(len(rows), 5)
+    ids = [3 * i + 1 for i in range(len(rows))]
+    one, bulk, mixed, listed = VectorIndex(5), VectorIndex(5), VectorIndex(5), VectorIndex(5)
+    for d, v in zip(ids, mat):
+        one.add(d, v)
+    bulk.add_many(ids, mat)
+    for d, v in zip(ids[:split], mat[:split]):
+        mixed.add(d, v)
+    mixed.add_many(ids[split:], mat[split:])
+    listed.add_many(iter(ids), list(mat))  # a sequence of vectors works too
+    # The stored (normalised, float32) rows are bit-identical, so every search is.
+    for ix in (bulk, mixed, listed):
+        assert len(ix) == len(one)
+        for d in ids:
+            assert ix.vector(d).tobytes() == one.vector(d).tobytes()
+        for q in queries:
+            qv = np.array(q, dtype=np.float32)
+            assert ix.search(qv, limit=None) == one.search(qv, limit=None)
+            assert ix.search(qv, limit=2) == one.search(qv, limit=2)
+    assert bulk.capacity == max(16, len(rows))  # sized exactly (never below the initial 16)
+
+
+@given(st.lists(st.lists(st.floats(-1e150, 1e150, allow_nan=False), min_size=1, max_size=70), min_size=1, max_size=8))
+@settings(max_examples=300, deadline=None)
+def test_vectors_bulk_norm_is_fsum_exactly(rows):
+    # The vectorised sum of squares equals math.fsum wherever it claims to; rows it cannot
+    # verify go through add's own path, so float64 input is bit-identical too.
+    width = max(map(len, rows))
+    mat = np.array([r + [0.0] * (width - len(r)) for r in rows], dtype=np.float64)
+    sq = mat * mat
+    sums, ok = vectors_module._fsum_rows(sq)
+    for i in np.flatnonzero(ok).tolist():
+        assert sums[i] == math.fsum(sq[i].tolist())
+    one, bulk = VectorIndex(width), VectorIndex(width)
+    for i, v in enumerate(mat):
+        one.add(i, v)
+    bulk.add_many(range(len(mat)), mat)
+    assert bulk._mat[: len(mat)].tobytes() == one._mat[: len(mat)].tobytes()
+
+
+def test_vectors_bulk_norm_cases_and_validation():
+    # Rows whose rounding is hard: a tiny term after a large one, exact midpoints, zeros,
+    # subnormal sums, many equal terms, integers; all equal to add's result.
+    tricky = np.zeros((8, 64), dtype=np.float64)
+    tricky[0, 0], tricky[0, 1] = 1.0, 2.0**-27  # square 2**-54: half an ulp of 1
+    tricky[1, :3] = [1.0, 2.0**-27, 2.0**-40]  # just above the midpoint
+    tricky[2, :] = 0.1
+    tricky[3, 0] = 1e-160  # sum in the subnormal range: add's path
+    tricky[5, :] = np.arange(64)
+    tricky[6, ::2] = 3.0
+    tricky[7, 0], tricky[7, 63] = 2.0**-27, 1.0
+    sums, ok = vectors_module._fsum_rows(tricky * tricky)
+    for i in np.flatnonzero(ok).tolist():
+        assert sums[i] == math.fsum((tricky[i] * tricky[i]).tolist())
+    assert not ok[3] and not ok[4]  # subnormal and zero rows are left to math.fsum
+    one, bulk = VectorIndex(64), VectorIndex(64)
+    for i, v in enumerate(tricky):
+        one.add(i, v)
+    bulk.add_many(range(8), tricky)
+    assert bulk._mat[:8].tobytes() == one._mat[:8].tobytes()
+    ints = np.arange(128).reshape(2, 64)
+    a, b = VectorIndex(64), VectorIndex(64)
+    a.add(0, ints[0])
+    a.add(1, ints[1])
+    b.add_many([0, 1], ints)
+    assert b._mat[:2].tobytes() == a._mat[:2].tobytes()
+
+    vi = VectorIndex(3)
+    vi.add(1, np.array([1, 0, 0], dtype=np.float32))
+    for ids, mat, error in [
+        ([2, 2], np.eye(3)[:2], ValueError),  # the same id twice
+        ([2, 1], np.eye(3)[:2], ValueError),  # already indexed
+        ([2], np.eye(4)[:1], ValueError),  # wrong length
+        ([2, 3], np.eye(3)[:1], ValueError),  # ids and rows differ in number
+        ([2, 3], np.array([[1, 0, 0], [np.nan, 0, 0]]), ValueError),  # not finite (in a later row)
+        ([2], np.array([["a", "b", "c"]]), TypeError),
+        (["2"], np.eye(3)[:1], TypeError),
+        ([2], np.ones(3), ValueError),  # a vector, not a matrix
+    ]:
+        with pytest.raises(error):
+            vi.add_many(ids, mat)
+        assert len(vi) == 1 and 2 not in vi and 3 not in vi
+    vi.add_many([], np.zeros((0, 3)))
+    assert len(vi) == 1
+
+
+def test_vectors_grow_by_half():
+    vi = VectorIndex(2)
+    caps = []
+    for i in range(200):
+        vi.add(i, np.array([1.0, float(i)]))
+        caps.append(vi.capacity)
+    assert sorted(set(caps)) == [16, 24, 36, 54, 81, 121, 181, 271]
+    vi.add_many(range(200, 400), np.ones((200, 2)))
+    assert vi.capacity == 400 and len(vi) == 400
+    vi.add_many(range(400, 410), np.ones((10, 2)))
+    assert vi.capacity == 410

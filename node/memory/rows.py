@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,7 @@ __all__ = [
     "memory_value",
     "order_desc_key",
     "parse_embedding",
+    "parse_embeddings",
     "parse_memory",
 ]
 
@@ -124,6 +125,8 @@ def order_desc_key(order: tuple[int, str, int]) -> tuple[int, int, int]:
 
 # ------------------------------------------------------------------------------ memory rows
 def _text_ok(s: str) -> bool:
+    if s.isascii():  # O(1) in CPython; ASCII text has no surrogates
+        return True
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
@@ -146,6 +149,29 @@ def _check_text(what: str, s: Any, limit: int) -> str:
 
 
 def _check_tags(tags: Any) -> tuple[str, ...]:
+    """The tags as stored (see :func:`memory_value`); MemoryInputError if they break a rule.
+
+    Fast path for the common case (a list or tuple of distinct valid tags, the shape every
+    stored row has); anything else, including every error, goes through
+    :func:`_check_tags_strict`, which makes the same checks one tag at a time.
+    """
+    if tags is None:
+        return ()
+    if type(tags) is not list and type(tags) is not tuple:
+        return _check_tags_strict(tags)
+    for tag in tags:
+        if (type(tag) is not str or not tag or len(tag) > MAX_TAG_CHARS or tag.isspace()
+                or not (tag.isascii() or _text_ok(tag))):
+            return _check_tags_strict(tags)
+    n = len(tags)
+    if n < 2:
+        return tuple(tags)
+    if n <= MAX_TAGS and len({t.casefold() for t in tags}) == n:
+        return tuple(tags)  # no duplicates to drop
+    return _check_tags_strict(tags)
+
+
+def _check_tags_strict(tags: Any) -> tuple[str, ...]:
     if tags is None:
         return ()
     if isinstance(tags, (str, bytes)) or not isinstance(tags, (list, tuple)):
@@ -246,9 +272,8 @@ def embedding_value(row_key: str, vector: np.ndarray) -> dict[str, Any]:
     return {"row": row_key, "v": out.tobytes()}
 
 
-def parse_embedding(record: RowRecord, dim: int | None) -> tuple[str, np.ndarray] | None:
-    """``(memory row key, float32 vector)`` of an embedding row, or None (logged at debug)
-    if the row is malformed or, when ``dim`` is given, its vector has another length."""
+def _embedding_fields(record: RowRecord, dim: int | None) -> tuple[str, bytes] | None:
+    """``(row, raw bytes)`` of an embedding row whose shape is right (finiteness unchecked)."""
     value = record.value
     if not isinstance(value, dict):
         log.debug("ignoring embedding row %s of entry %s: value is %s, not an object",
@@ -266,9 +291,53 @@ def parse_embedding(record: RowRecord, dim: int | None) -> tuple[str, np.ndarray
         log.debug("ignoring embedding row %s of entry %s: %d values, expected %d",
                   record.key, record.entry_id, n, dim)
         return None
+    return row, raw
+
+
+def _log_non_finite(record: RowRecord) -> None:
+    log.debug("ignoring embedding row %s of entry %s: non-finite values", record.key, record.entry_id)
+
+
+def parse_embedding(record: RowRecord, dim: int | None) -> tuple[str, np.ndarray] | None:
+    """``(memory row key, float32 vector)`` of an embedding row, or None (logged at debug)
+    if the row is malformed or, when ``dim`` is given, its vector has another length."""
+    fields = _embedding_fields(record, dim)
+    if fields is None:
+        return None
+    row, raw = fields
     vec = np.frombuffer(raw, dtype="<f4")
     if not np.all(np.isfinite(vec)):
-        log.debug("ignoring embedding row %s of entry %s: non-finite values", record.key, record.entry_id)
+        _log_non_finite(record)
         return None
     return row, vec.astype(np.float32, copy=False)
 
+
+_FINITE_BLOCK = 1024
+
+
+def parse_embeddings(records: Sequence[RowRecord], dim: int | None) -> list[tuple[str, np.ndarray] | None]:
+    """:func:`parse_embedding` of each record, in order (the same verdicts, the same debug
+    logs), with the finiteness check done for blocks of same-length vectors at once.
+
+    The vectors are read-only views of the rows' bytes (float32).
+    """
+    out: list[tuple[str, np.ndarray] | None] = []
+    by_len: dict[int, list[int]] = {}
+    for i, record in enumerate(records):
+        fields = _embedding_fields(record, dim)
+        if fields is None:
+            out.append(None)
+            continue
+        vec = np.frombuffer(fields[1], dtype="<f4")
+        out.append((fields[0], vec))
+        by_len.setdefault(len(vec), []).append(i)
+    for idx in by_len.values():
+        for a in range(0, len(idx), _FINITE_BLOCK):
+            block = idx[a : a + _FINITE_BLOCK]
+            finite = np.isfinite(np.stack([out[i][1] for i in block])).all(axis=1)  # type: ignore[index]
+            for j in np.flatnonzero(~finite).tolist():
+                _log_non_finite(records[block[j]])
+                out[block[j]] = None
+    if np.dtype("<f4") != np.dtype(np.float32):  # pragma: no cover - big-endian hosts
+        out = [None if p is None else (p[0], p[1].astype(np.float32)) for p in out]
+    return out

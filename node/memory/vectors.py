@@ -10,9 +10,16 @@ Behaviour:
   every stored row; similarities <= 0 are dropped; best first, ties by the caller's
   ``tiebreak`` key (see :mod:`node.memory.fusion`).
 
-Storage: a preallocated float32 matrix (rows x dim) that grows by doubling; removal
-moves the last row into the hole, so the live rows are always ``matrix[:len(self)]``
-and a query is one matrix-vector product, never a per-query stack of vectors.
+* ``add_many(ids, matrix)``: the same for many vectors at once (a view built from the
+  database), normalised in bulk and bit-identical to ``add`` of each in turn: the row
+  sums of squares are computed as a vectorised pairwise double-double sum whose correct
+  rounding is verified per row (with a generous error bound); the rare row where it
+  cannot be verified (or that is tiny or huge) goes through ``add``'s own ``math.fsum``.
+
+Storage: a preallocated float32 matrix (rows x dim) that grows by 1.5x (a bulk load sizes
+it exactly); removal moves the last row into the hole, so the live rows are always
+``matrix[:len(self)]`` and a query is one matrix-vector product, never a per-query stack
+of vectors.
 
 Determinism (decision): BLAS float32 matrix-vector products give results that depend
 on a row's position in the matrix (blocking and SIMD remainders; measured: the same
@@ -32,7 +39,7 @@ Not thread-safe: callers serialise access.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +50,61 @@ __all__ = ["VectorIndex"]
 
 _MIN_ROWS = 16
 _RESCORE_CHUNK = 8192
+_BULK_CHUNK = 256  # rows normalised per step of add_many (its temporaries stay in cache)
+# Row sums of squares outside [_SUM_MIN, _SUM_MAX] take the math.fsum path (subnormal
+# rounding errors are absolute, not relative; near overflow TwoSum is not exact).
+_SUM_MIN = 2.0**-900
+_SUM_MAX = 2.0**1000
+
+
+def _fsum_rows(sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``math.fsum`` of each row of ``sq`` (finite float64 >= 0), vectorised.
+
+    Returns ``(sums, ok)``: ``sums[i]`` equals ``math.fsum(sq[i])`` wherever ``ok[i]``.
+    Method: a pairwise sum in double-double arithmetic (Knuth's TwoSum keeps every
+    rounding error of the ``hi`` additions exactly; they are added up in ``lo``). With
+    non-negative terms and ``L`` levels, ``|true sum - (hi + lo)| <= 2 L^2 u^2 T``
+    (u = 2**-53, T the sum); ``r = fl(hi + lo)`` is the correctly rounded sum unless the
+    true sum may lie on the other side of a rounding midpoint of ``r``, which is checked
+    with the exact residual of that last addition and the bound ``(L+1)^2 2^-96 T`` (over
+    500 times the proven one). Rows failing the check are not ``ok``.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):  # overflowing rows fail the check
+        return _dd_sums(sq)
+
+
+def _dd_sums(sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    cols = np.ascontiguousarray(sq.T)  # (width, rows): each level works on contiguous blocks
+    hi, lo = cols, np.zeros_like(cols)
+    width = len(cols)
+    levels = 0
+    while width > 1:
+        h = width // 2
+        a, b = hi[:h], hi[h : 2 * h]
+        s = a + b
+        bb = s - a
+        t = s - bb
+        np.subtract(a, t, out=t)
+        err = b - bb
+        err += t  # TwoSum: a + b == s + err exactly
+        if levels:
+            err += lo[:h]
+            err += lo[h : 2 * h]
+        if width % 2:  # odd width: the last row of the block moves up a level unchanged
+            s = np.concatenate([s, hi[2 * h :]])
+            err = np.concatenate([err, lo[2 * h :]])
+        hi, lo = s, err
+        width = len(hi)
+        levels += 1
+    hi, lo = hi[0], lo[0]
+    r = hi + lo
+    bb = r - hi
+    e = (hi - (r - bb)) + (lo - bb)  # exact: hi + lo == r + e
+    delta = r * ((levels + 1) ** 2 * 2.0**-96)
+    up = np.nextafter(r, np.inf) - r
+    down = r - np.nextafter(r, -np.inf)
+    ok = (r >= _SUM_MIN) & (r <= _SUM_MAX) & (e + delta < 0.5 * up) & (e - delta > -0.5 * down)
+    return r, ok
 
 
 def _as_doc_id(doc_id: Any) -> int:
@@ -72,8 +134,15 @@ class VectorIndex:
 
     @property
     def capacity(self) -> int:
-        """Rows allocated (grows by doubling)."""
+        """Rows allocated (grows by 1.5x; exact after a bulk load into a full index)."""
         return len(self._mat)
+
+    def _resize(self, rows: int) -> None:
+        mat = np.zeros((rows, self.dim), dtype=np.float32)
+        mat[: self._n] = self._mat[: self._n]
+        ids = np.empty(rows, dtype=np.int64)
+        ids[: self._n] = self._ids[: self._n]
+        self._mat, self._ids = mat, ids
 
     def _unit64(self, vector: Any) -> np.ndarray:
         v = np.asarray(vector)
@@ -96,16 +165,65 @@ class VectorIndex:
             raise ValueError(f"doc_id {doc_id} is already indexed")
         unit = self._unit64(vector).astype(np.float32)
         if self._n == len(self._mat):
-            mat = np.zeros((2 * len(self._mat), self.dim), dtype=np.float32)
-            mat[: self._n] = self._mat[: self._n]
-            ids = np.empty(2 * len(self._ids), dtype=np.int64)
-            ids[: self._n] = self._ids[: self._n]
-            self._mat, self._ids = mat, ids
+            self._resize(max(_MIN_ROWS, len(self._mat) + len(self._mat) // 2))
         r = self._n
         self._mat[r] = unit
         self._ids[r] = doc_id
         self._row[doc_id] = r
         self._n = r + 1
+
+    def add_many(self, ids: Iterable[int], matrix: np.ndarray | Sequence[np.ndarray]) -> None:
+        """Store row ``i`` of ``matrix`` (normalised) for ``ids[i]``, as ``add`` of each would.
+
+        ``matrix`` is an ``(n, dim)`` array or a sequence of ``n`` vectors of shape
+        ``(dim,)`` (stacked a chunk at a time, never all at once). Every id must be new (to
+        the index and within ``ids``); nothing is stored if any row is refused (the storage
+        may have grown). Storage grows to exactly the rows needed.
+        """
+        id_list = [_as_doc_id(d) for d in ids]
+        n = len(id_list)
+        if len(matrix) != n:
+            raise ValueError(f"{n} ids but {len(matrix)} vectors")
+        if len(set(id_list)) != n or not self._row.keys().isdisjoint(id_list):
+            seen: set[int] = set()
+            for d in id_list:
+                if d in self._row or d in seen:
+                    raise ValueError(f"doc_id {d} is already indexed")
+                seen.add(d)
+        if isinstance(matrix, np.ndarray) and matrix.ndim != 2:
+            raise ValueError(f"expected a matrix of shape ({n}, {self.dim}), got {matrix.shape}")
+
+        def chunk(a: int, b: int) -> np.ndarray:
+            m = np.asarray(matrix[a:b])
+            if m.ndim != 2 or m.shape[1:] != (self.dim,):
+                raise ValueError(f"expected vectors of shape ({self.dim},), got a block of shape {m.shape}")
+            if not (np.issubdtype(m.dtype, np.floating) or np.issubdtype(m.dtype, np.integer)):
+                raise TypeError(f"vector must be numeric, got dtype {m.dtype}")
+            return m
+
+        if n == 0:
+            return
+        r0 = self._n
+        if r0 + n > len(self._mat):
+            self._resize(r0 + n)
+        # Rows r0.. are written chunk by chunk but only become part of the index (``_n``,
+        # ids) once every chunk has passed the checks; a refused call leaves them unused.
+        for a in range(0, n, _BULK_CHUNK):
+            v = chunk(a, a + _BULK_CHUNK)
+            if not np.all(np.isfinite(v)):
+                raise ValueError("vector has non-finite entries")
+            v = v.astype(np.float64)
+            sums, ok = _fsum_rows(v * v)
+            norms = np.sqrt(sums)  # IEEE sqrt: correctly rounded, as math.sqrt
+            unit = np.zeros_like(v)
+            good = ok & (norms != 0.0)
+            np.divide(v, norms[:, None], out=unit, where=good[:, None])
+            for i in np.flatnonzero(~ok).tolist():
+                unit[i] = self._unit64(v[i])  # add's exact path (math.fsum)
+            self._mat[r0 + a : r0 + a + len(v)] = unit
+        self._ids[r0 : r0 + n] = id_list
+        self._row.update(zip(id_list, range(r0, r0 + n)))
+        self._n = r0 + n
 
     def remove(self, doc_id: int) -> None:
         """Remove ``doc_id`` (KeyError if absent); the last row moves into its place."""

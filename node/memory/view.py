@@ -47,6 +47,12 @@ Events
     payload was erased) marks it stale and the next call rebuilds it from ``db.rows``. An error
     inside the listener is logged and also leads to a rebuild; it never reaches the database.
 
+Rebuild (on construction, e.g. the first recall after opening a node, and after ``Rebuilt``)
+    In bulk: the current rows are collected first, then loaded with one
+    :meth:`InvertedIndex.add_many` and one :meth:`VectorIndex.add_many` per vector length,
+    with the cyclic GC paused. It gives the same recall results, bit for bit, as a view fed
+    the same rows one by one (tested).
+
 ``include_superseded=True`` (a rare operator option) scans: it builds a temporary index over
 every well-formed row, cached until the next change of the database.
 
@@ -55,15 +61,17 @@ access to the view and to its database.
 """
 from __future__ import annotations
 
+import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from crdt.database import Database, Rebuilt, RowRecord, RowsAdded
 
-from .bm25 import InvertedIndex
+from .bm25 import InvertedIndex, _release_freed_memory
 from .fusion import RRF_K, rank_candidates, rrf
 from .rows import (
     MEMORY_STORE,
@@ -72,6 +80,7 @@ from .rows import (
     is_embedding_store,
     order_desc_key,
     parse_embedding,
+    parse_embeddings,
     parse_memory,
 )
 from .tokens import document_text, tokenize
@@ -89,6 +98,20 @@ Order = tuple[int, str, int]
 _EMPTY: frozenset[int] = frozenset()
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic collections while a rebuild allocates (it makes no cycles): a full
+    collection over a large heap, triggered again and again by the allocations, would
+    otherwise cost more than the rebuild."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _Index:
     """Lexical and vector indexes over a set of memories keyed by local doc ids."""
 
@@ -104,11 +127,18 @@ class _Index:
         self.vectors: dict[int, VectorIndex] = {}  # vector length -> index
         self.vec_order: dict[tuple[int, int], Order] = {}  # (doc, length) -> order of its row
 
+    def _reserve(self, need: int) -> None:
+        if need > len(self.alive):
+            alive = np.zeros(need, dtype=bool)
+            alive[: self.n] = self.alive[: self.n]
+            height = np.zeros(need, dtype=np.float64)
+            height[: self.n] = self.height[: self.n]
+            self.alive, self.height = alive, height
+
     def insert(self, m: Memory) -> int:
         doc = self.n
         if doc == len(self.alive):
-            self.alive = np.concatenate([self.alive, np.zeros(doc, dtype=bool)])
-            self.height = np.concatenate([self.height, np.zeros(doc, dtype=np.float64)])
+            self._reserve(doc + 1 + doc // 2)
         self.n = doc + 1
         self.mem[doc] = m
         self.row_doc[m.row_key] = doc
@@ -119,6 +149,42 @@ class _Index:
         self.height[doc] = m.order[0]
         self.bm25.add(doc, tokenize(document_text(m.key, m.value, m.tags)))
         return doc
+
+    def insert_many(self, mems: Sequence[Memory]) -> None:
+        """``insert`` of each memory in turn (docs n, n + 1, ...), in bulk."""
+        first, count = self.n, len(mems)
+        docs = range(first, first + count)
+        self._reserve(first + count)
+        self.n = first + count
+        self.mem.update(zip(docs, mems))
+        self.row_doc.update(zip((m.row_key for m in mems), docs))
+        self.tiebreak.extend(order_desc_key(m.order) for m in mems)
+        tag_docs = self.tag_docs
+        for doc, m in zip(docs, mems):
+            for tag in {t.casefold() for t in m.tags}:
+                docs_of = tag_docs.get(tag)
+                if docs_of is None:
+                    tag_docs[tag] = {doc}
+                else:
+                    docs_of.add(doc)
+        self.alive[first : first + count] = True
+        self.height[first : first + count] = [m.order[0] for m in mems]
+        self.bm25.add_many((doc, tokenize(document_text(m.key, m.value, m.tags))) for doc, m in zip(docs, mems))
+
+    def index_vectors(self, best: dict[tuple[int, int], tuple[Order, np.ndarray]]) -> None:
+        """``index_vector`` of each ``(doc, length) -> (order, vec)`` (at most one vector per
+        doc and length, none indexed yet), one bulk load per length."""
+        by_dim: dict[int, tuple[list[int], list[np.ndarray]]] = {}
+        for (doc, dim), (order, vec) in best.items():
+            docs, vecs = by_dim.setdefault(dim, ([], []))
+            docs.append(doc)
+            vecs.append(vec)
+            self.vec_order[(doc, dim)] = order
+        for dim, (docs, vecs) in by_dim.items():
+            index = self.vectors.get(dim)
+            if index is None:
+                index = self.vectors[dim] = VectorIndex(dim)
+            index.add_many(docs, vecs)
 
     def retire(self, doc: int) -> None:
         m = self.mem.pop(doc)
@@ -223,6 +289,7 @@ class MemoryView:
         self._all = None
         if not self._stale:
             self._load_vectors()
+            _release_freed_memory()
 
     def recall(
         self,
@@ -284,29 +351,58 @@ class MemoryView:
         return self._ix
 
     def _rebuild(self) -> None:
+        # Bulk: collect the current rows first, then one bulk load per index. The result is
+        # the state that feeding the rows one by one would give (tested).
         self._stale = True
         self._all = None
         self._reset()
-        newest: dict[str, Memory] = {}
-        for rec in self._db.rows(MEMORY_STORE):
-            self._seen.add(rec.key)
-            m = parse_memory(rec)
-            if m is not None:
-                cur = newest.get(m.key)
-                if cur is None or m.order > cur.order:
-                    newest[m.key] = m
-        for m in sorted(newest.values(), key=lambda m: m.order):
-            self._current[m.key] = self._ix.insert(m)
-        self._load_vectors()
+        with _gc_paused():
+            newest: dict[str, Memory] = {}
+            seen = self._seen
+            for rec in self._db.rows(MEMORY_STORE):
+                seen.add(rec.key)
+                m = parse_memory(rec)
+                if m is not None:
+                    cur = newest.get(m.key)
+                    if cur is None or m.order > cur.order:
+                        newest[m.key] = m
+            current = sorted(newest.values(), key=lambda m: m.order)
+            del newest
+            first = self._ix.n
+            self._ix.insert_many(current)
+            self._current = {m.key: doc for doc, m in enumerate(current, first)}
+            self._load_vectors()
         self._stale = False
+        _release_freed_memory()
 
     def _load_vectors(self) -> None:
-        self._ix.vectors = {}
-        self._ix.vec_order = {}
+        ix = self._ix
+        ix.vectors = {}
+        ix.vec_order = {}
         self._pending = {}
-        if self._store is not None:
-            for rec in self._db.rows(self._store):
-                self._add_vector(rec)
+        if self._store is None:
+            return
+        with _gc_paused():
+            records = self._db.rows(self._store)
+            best: dict[tuple[int, int], tuple[Order, np.ndarray]] = {}
+            row_doc, seen, pending = ix.row_doc, self._seen, self._pending
+            for rec, parsed in zip(records, parse_embeddings(records, self._dim)):
+                if parsed is None:
+                    continue
+                row, vec = parsed
+                doc = row_doc.get(row)
+                if doc is not None:  # the newest vector of each length (as index_vector)
+                    key = (doc, len(vec))
+                    prev = best.get(key)
+                    if prev is None or prev[0] < rec.order:
+                        best[key] = (rec.order, vec)
+                elif row not in seen:  # as _add_vector
+                    slot = pending.setdefault(row, {})
+                    prev = slot.get(len(vec))
+                    if prev is None or prev[0] < rec.order:
+                        slot[len(vec)] = (rec.order, vec)
+            del records
+            ix.index_vectors(best)
 
     def _on_event(self, event: RowsAdded | Rebuilt) -> None:
         # Runs inside the database's ingest: it must never raise.
@@ -369,16 +465,20 @@ class MemoryView:
             self._rebuild()
         if self._all is None:
             ix = _Index()
-            for rec in self._db.rows(MEMORY_STORE):
-                m = parse_memory(rec)
-                if m is not None:
-                    ix.insert(m)
-            if self._store is not None:
-                for rec in self._db.rows(self._store):
-                    parsed = parse_embedding(rec, self._dim)
-                    if parsed is not None and (doc := ix.row_doc.get(parsed[0])) is not None:
-                        ix.index_vector(doc, rec.order, parsed[1])
+            with _gc_paused():
+                ix.insert_many([m for rec in self._db.rows(MEMORY_STORE) if (m := parse_memory(rec)) is not None])
+                if self._store is not None:
+                    records = self._db.rows(self._store)
+                    best: dict[tuple[int, int], tuple[Order, np.ndarray]] = {}
+                    for rec, parsed in zip(records, parse_embeddings(records, self._dim)):
+                        if parsed is not None and (doc := ix.row_doc.get(parsed[0])) is not None:
+                            key = (doc, len(parsed[1]))
+                            prev = best.get(key)
+                            if prev is None or prev[0] < rec.order:
+                                best[key] = (rec.order, parsed[1])
+                    ix.index_vectors(best)
             self._all = ix
+            _release_freed_memory()
         return self._all
 
 

@@ -778,3 +778,12 @@ def test_vectors_grow_by_half():
     assert vi.capacity == 400 and len(vi) == 400
     vi.add_many(range(400, 410), np.ones((10, 2)))
     assert vi.capacity == 410
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_tokenize_is_the_alnum_runs_of_two_or_more(text):
+    import re as _re
+
+    runs = [t for t in _re.findall(r"[^\W_]+", text.lower()) if len(t) >= 2]
+    assert tokenize(text) == runs

@@ -22,7 +22,6 @@ import argparse
 import datetime as _dt
 import json
 import math
-import os
 import re
 import struct
 import sys

@@ -2,7 +2,8 @@
 
 The signed log (in a Storage) is the source of truth. Everything here is derived from it and
 rebuilt on open: per-entry causal metadata (height, version vector), author feeds, the
-authorisation verdicts (crdt.validity), and one pycrdt Doc per store.
+authorisation verdicts (crdt.validity); one pycrdt Doc per store is built from the log when
+first read. Only headers are kept in memory; payloads are read from storage.
 
 One pipeline serves local writes and entries received from peers (``ingest``):
 
@@ -23,15 +24,15 @@ import logging
 import os
 import threading
 import time
-from contextlib import contextmanager
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pycrdt
 
-from auth.keys import SigningKey, public_key_str
+from auth.keys import SigningKey
 from auth.ops import GrantOp, RevokeOp, parse_op
 from auth.permissions import Permission, holds
 from crdt.entry import Entry, StoreDescriptor, decode_entry, decode_many, sign_entry
@@ -43,15 +44,15 @@ from crdt.yjs import Row, check_append, decode_append_update, encode_gc, encode_
 log = logging.getLogger(__name__)
 
 SETTINGS = "_settings"
-_NO_PAYLOADS: Mapping[str, bytes | None] = MappingProxyType({})
 META = "meta"
+_NO_PAYLOADS: Mapping[str, bytes | None] = MappingProxyType({})
 STORE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_:./-")
 MAX_REJECTION_MEMORY = 1024
 
 
 @dataclass(slots=True)
 class _Stored:
-    """What the database remembers about one stored entry (headers stay in storage)."""
+    """What the database keeps in memory about one stored entry (its payloads stay in storage)."""
 
     entry: Entry
     author_key: str

@@ -13,7 +13,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crdt.database import Database  # noqa: E402
 from node.home import Home  # noqa: E402
 
 

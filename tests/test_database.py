@@ -11,9 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from auth.errors import AuthError
-from auth.keys import DOMAIN_ENTRY
 from crdt.database import Database
-from crdt.entry import MAX_PAYLOAD_BYTES, client_id_for, sign_entry
+from crdt.entry import MAX_PAYLOAD_BYTES, client_id_for
 from crdt.storage import MemoryStorage
 from crdt.yjs import encode_rows
 from tests.dbkit import craft, feed, grant, key, new_db, next_clock, replica, revoke, rows_update, state, write

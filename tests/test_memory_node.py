@@ -1,7 +1,6 @@
 """Agents, banks and the memory tools through the library API (real node homes on disk)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from auth.errors import AuthError, MemmeshError

@@ -1,6 +1,8 @@
 """Helpers for database tests: real keys, real entries, crafted ones for adversarial cases."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from typing import Any, Mapping
 
@@ -14,6 +16,12 @@ from crdt.yjs import encode_rows
 
 def key(n: int) -> SigningKey:
     return SigningKey.from_seed(bytes([n]) * 32)
+
+
+def key_str(name: str) -> str:
+    """A well-formed public key string for tests of the pure rules (no private key behind it)."""
+    raw = hashlib.sha256(name.encode()).digest()
+    return "ed25519:" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
 def new_db(admin: SigningKey, storage=None) -> Database:

@@ -1,8 +1,6 @@
 """Unit tests for auth.permissions (holds, may_change, settings snapshot) and auth.ops (parse_op)."""
 from __future__ import annotations
 
-import base64
-import hashlib
 
 import pytest
 
@@ -20,11 +18,7 @@ from auth.permissions import (
     stronger,
     weakest,
 )
-
-
-def key(name: str) -> str:
-    raw = hashlib.sha256(name.encode()).digest()
-    return "ed25519:" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+from tests.dbkit import key_str as key
 
 
 K = key("k")

@@ -5,8 +5,6 @@ several causal orders, which must agree.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import random
 import time
 
@@ -22,11 +20,7 @@ from crdt.validity import (
     merge_vv,
     past_vv,
 )
-
-
-def key(name: str) -> str:
-    raw = hashlib.sha256(name.encode()).digest()
-    return "ed25519:" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+from tests.dbkit import key_str as key
 
 
 R, A, B, C, S, W, X, Y = (key(n) for n in "RABCSWXY")

@@ -11,8 +11,6 @@ the implementation's helpers.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import random
 from collections import Counter
 
@@ -32,14 +30,10 @@ from crdt.validity import (
     past_vv,
     settings_at,
 )
+from tests.dbkit import key_str as key
 
 NAMES = ["R", "A", "B", "C", "D", "E"]
 PERMS = ["admin", "write", "read"]
-
-
-def key(name: str) -> str:
-    raw = hashlib.sha256(name.encode()).digest()
-    return "ed25519:" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
 def grant(k: str, perm: str, priority: int) -> GrantOp:

@@ -28,8 +28,8 @@ class Node(Home):
         self._memory: MemoryService | None = None
 
     @classmethod
-    def open(cls, home: Path | str, *, create: bool = True) -> "Node":
-        node = super().open(home, create=create)
+    def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = 30.0) -> "Node":
+        node = super().open(home, create=create, lock_timeout=lock_timeout)
         assert isinstance(node, Node)
         return node
 

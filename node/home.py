@@ -6,7 +6,9 @@ Layout (docs/architecture.md):
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,42 @@ class NotInitialised(MemmeshError):
     """The home has no node yet."""
 
 
+class HomeBusy(MemmeshError):
+    """Another process has this home open."""
+
+
+LOCK_FILE = "node.lock"
+DEFAULT_LOCK_TIMEOUT = 30.0
+
+
+def _lock_home(home: Path, timeout: float) -> int:
+    """Take the home's exclusive lock, waiting up to ``timeout`` seconds.
+
+    One key writes from one place: two processes writing with the same agent key would each
+    sign the next entry of its feed, and two different entries at one (author, seq) are
+    equivocation, which stops the key's writes everywhere. So one process at a time opens a
+    home; the lock goes away with the process, however it ends.
+    """
+    fd = os.open(home / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise HomeBusy(
+                    f"{home} is in use by process {holder} (waited {timeout:g} s); "
+                    "let it finish, or stop it, and try again"
+                ) from None
+            time.sleep(0.05)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 def default_home() -> Path:
     """$MEMMESH_HOME, else the per-user data directory (XDG on Linux)."""
     env = os.environ.get("MEMMESH_HOME")
@@ -38,10 +76,11 @@ def default_home() -> Path:
 class Home:
     """One peer's home: its storage, keys, registries and hosted databases."""
 
-    def __init__(self, home: Path, storage: SqliteStorage, peer_key: SigningKey) -> None:
+    def __init__(self, home: Path, storage: SqliteStorage, peer_key: SigningKey, lock_fd: int | None = None) -> None:
         self.home = home
         self.storage = storage
         self.peer_key = peer_key
+        self._lock_fd = lock_fd
         self.registry = Registry(storage)
         self._databases: dict[str, Database] = {}
 
@@ -61,19 +100,27 @@ class Home:
         return cls.open(home), created
 
     @classmethod
-    def open(cls, home: Path | str, *, create: bool = True) -> "Home":
+    def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> "Home":
         home = Path(home)
         if not cls.is_initialised(home):
             if create:
                 return cls.init(home)[0]
             raise NotInitialised(f"no memmesh node in {home}; run: memmesh --home {home} init")
-        peer_key = load_key(home / KEYS_DIR / PEER_KEY)
-        storage = SqliteStorage(home / STORAGE_FILE)
-        return cls(home, storage, peer_key)
+        lock_fd = _lock_home(home, lock_timeout)
+        try:
+            peer_key = load_key(home / KEYS_DIR / PEER_KEY)
+            storage = SqliteStorage(home / STORAGE_FILE)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(home, storage, peer_key, lock_fd)
 
     def close(self) -> None:
         self._databases.clear()
         self.storage.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the lock
+            self._lock_fd = None
 
     def __enter__(self) -> "Home":
         return self

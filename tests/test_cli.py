@@ -115,3 +115,28 @@ def test_damaged_storage_file_is_a_clear_error(tmp_path, garbage):
         assert proc.returncode == 1 and "Traceback" not in proc.stderr
     else:
         assert proc.returncode == 0  # an empty file is a new, empty database
+
+
+def test_one_process_at_a_time_per_home(tmp_path):
+    """Two writers with one agent key would fork its feed (equivocation): a home is locked."""
+    from node.home import HomeBusy
+
+    home = tmp_path / "node"
+    mm("init", home=home)
+    holder = Home.open(home)
+    try:
+        with pytest.raises(HomeBusy) as err:
+            Home.open(home, lock_timeout=0.2)
+        assert str(os.getpid()) in str(err.value)
+        # A command from another process waits for the lock, then runs.
+        proc = subprocess.Popen([sys.executable, "-m", "node.cli", "--home", str(home), "status", "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        import time
+
+        time.sleep(1.0)
+        assert proc.poll() is None, "the second process must wait while the home is open"
+    finally:
+        holder.close()
+    out, errs = proc.communicate(timeout=60)
+    assert proc.returncode == 0, errs
+    assert json.loads(out)["peer_key"].startswith("ed25519:")

@@ -80,6 +80,8 @@ def test_bad_signature(db):
 def test_key_not_in_settings(db):
     e = craft(db, MALLORY, {"memory": rows_update(MALLORY, "memory", 0, ["spam"])})
     _reject(db, e, "auth.unknown_key")
+    # The node can still say why it refused it (the entry itself was not stored).
+    assert "refused (auth.unknown_key)" in db.explain(e.id) and str(MALLORY.public) in db.explain(e.id)
 
 
 def test_local_write_without_permission_fails_and_stores_nothing(db):
@@ -413,3 +415,24 @@ def test_collector_is_restored_after_batches_even_when_they_fail(db, monkeypatch
     monkeypatch.undo()
     fresh.ingest(batch)
     assert gc.isenabled() and state(fresh) == state(src)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_mutated_entries_are_refused_and_change_nothing(data):
+    d = new_db(ADMIN)
+    grant(d, ADMIN, ALICE, "write", 10)
+    e = craft(d, ALICE, {"memory": rows_update(ALICE, "memory", 0, [{"key": "k", "value": "v" * 40}])})
+    before = state(d)
+    count = len(list(d.storage.entries(d.id)))
+    header, payload = bytearray(e.header), bytearray(e.payloads["memory"])
+    target = data.draw(st.sampled_from(["header", "payload"]))
+    buf = header if target == "header" else payload
+    i = data.draw(st.integers(0, len(buf) - 1))
+    buf[i] ^= data.draw(st.integers(1, 255))
+    result = d.ingest([(bytes(header), {"memory": bytes(payload)})])
+    assert not result.accepted and not result.stored_rejected and result.rejected
+    assert len(list(d.storage.entries(d.id))) == count
+    assert state(d) == before
+    # The original still goes in afterwards: a refused copy leaves no trace that blocks it.
+    assert d.ingest([(e.header, dict(e.payloads))]).accepted == [e.id]

@@ -467,9 +467,9 @@ class Database:
                     if any(p not in self._nodes for p in self._pending_missing(waiting_id)):
                         continue
                     pending_entry = self._pending_entry(waiting_id)
+                    from_pending.append(waiting_id)  # leaves the pending area either way
                     if pending_entry is not None:
                         queue.append(pending_entry)
-                        from_pending.append(waiting_id)
             if staged or from_pending:
                 self.storage.append(self.id, [_stored(e) for e in staged], drop_pending=from_pending)
         except Exception:

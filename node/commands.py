@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from node.api import Node
-from node.memory.agents import CONFIG_DEFAULTS, CONFIG_STORE, ConfigError, agent_state, parse_config_value
+from node.memory.agents import CONFIG_DEFAULTS, Agent, CONFIG_STORE, ConfigError, agent_state, parse_config_value
 from node.memory.embedders import EmbedderConfig
 from node.memory.service import perm_name
 
@@ -173,8 +173,7 @@ def memory_revoke(node: Node, bank: str, agent: str) -> Result:
                   f"revoked {ag.name} on {ref.name}", [warning] if warning else [])
 
 
-def _config_write(node: Node, agent: str, value: dict[str, Any]) -> None:
-    ag = node.agents.agent(agent)
+def _config_write(ag: Agent, value: dict[str, Any]) -> None:
     with ag.db.transaction(ag.key) as txn:
         txn.append(CONFIG_STORE, value)
 
@@ -182,7 +181,7 @@ def _config_write(node: Node, agent: str, value: dict[str, Any]) -> None:
 def memory_attach(node: Node, bank: str, agent: str, session: str | None, attach: bool = True) -> Result:
     ag = node.agents.agent(agent)
     ref = node.agents.resolve(bank)
-    _config_write(node, agent, {"attach" if attach else "detach": ref.db.id, "session": session})
+    _config_write(ag, {"attach" if attach else "detach": ref.db.id, "session": session})
     where = f"session {session}" if session else "every session"
     verb = "attached to" if attach else "detached from"
     return Result({"bank": ref.name, "id": ref.db.id, "agent": ag.name, "session": session, "attached": attach},
@@ -195,13 +194,16 @@ def memory_config(node: Node, agent: str, action: str, key: str | None = None, v
         if key is None or value is None:
             raise ConfigError("usage: memmesh memory config AGENT set KEY VALUE")
         parsed = parse_config_value(key, value)
-        _config_write(node, agent, {"set": key, "value": parsed})
+        if key == "auto_recall_banks":  # every reference must name a bank; stored as ids
+            parsed = [node.agents.resolve(ref).db.id for ref in parsed]
+        _config_write(ag, {"set": key, "value": parsed})
     elif action == "reset":
-        _config_write(node, agent, {"reset": True})
+        _config_write(ag, {"reset": True})
     elif action != "show":
         raise ConfigError(f"config action is show, set or reset, got {action!r}")
     state = agent_state(ag.db)
     config = dict(state.config)
+    config["auto_recall_banks"] = [node.agents.name_of(i) for i in config["auto_recall_banks"]]
     attached = {("*" if s is None else s): [node.agents.name_of(i) for i in ids] for s, ids in state.attached.items() if ids}
     text = "\n".join(f"{k} = {json.dumps(config[k])}" for k in CONFIG_DEFAULTS)
     if attached:

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auth.errors import AuthError
+from auth.errors import AuthError, MemmeshError, RejectedError
 from crdt.database import Database
 from crdt.entry import MAX_PAYLOAD_BYTES, client_id_for
+from crdt.errors import EntryRejected
 from crdt.storage import MemoryStorage
 from crdt.yjs import encode_rows
 from tests.dbkit import craft, feed, grant, key, new_db, next_clock, replica, revoke, rows_update, state, write
@@ -256,8 +257,9 @@ def _varuint(n: int) -> bytes:
 def test_oversize_entry(db):
     big = "x" * (MAX_PAYLOAD_BYTES + 10)
     upd = rows_update(ALICE, "memory", next_clock(db, ALICE, "memory"), [big])
-    with pytest.raises(Exception):
+    with pytest.raises(EntryRejected) as err:
         craft(db, ALICE, {"memory": upd})  # our own signer refuses to describe it
+    assert err.value.reason == "entry.size"
     e = craft(db, ALICE, {"memory": rows_update(ALICE, "memory", next_clock(db, ALICE, "memory"), ["small"])})
     result = db.ingest([(e.header, {"memory": upd[0]})])
     assert [r for _, r, _ in result.rejected] == ["entry.size"]
@@ -376,7 +378,7 @@ def test_interleaved_transactions_of_one_key_cannot_mislabel_rows(db):
     t1 = db.transaction(ALICE)
     key1 = t1.append("memory", {"key": "a", "value": "first"})
     write(db, ALICE, {"key": "b", "value": "committed in between"})
-    with pytest.raises(Exception) as err:
+    with pytest.raises(MemmeshError) as err:
         t1.commit()
     assert "run the transaction again" in str(err.value)
     t2 = db.transaction(ALICE)
@@ -389,9 +391,9 @@ def test_values_yjs_cannot_hold_are_refused_before_signing(db):
     before = state(db)
     txn = db.transaction(ALICE)
     txn.append("memory", {"key": "x", "value": {1, 2}})
-    with pytest.raises(Exception) as err:
+    with pytest.raises(RejectedError) as err:
         txn.commit()
-    assert getattr(err.value, "reason", None) == "entry.value"
+    assert err.value.reason == "entry.value"
     assert state(db) == before
 
 

@@ -253,3 +253,34 @@ def test_state_survives_reopen(tmp_path):
     with Node.open(home) as n:
         assert n.embedder_config().provider == "hashed"
         assert values(recall(n, "alpha", query="persisted")) == ["persisted value"]
+
+
+def test_auto_recall_banks_must_name_banks_and_limit_the_search(node):
+    commands.memory_new(node, "notes")
+    commands.memory_new(node, "other")
+    for bank in ("notes", "other"):
+        commands.memory_grant(node, bank, "alpha", "write")
+        remember(node, "alpha", f"standup {bank}", f"standup notes in {bank}", bank=bank)
+        commands.memory_attach(node, bank, "alpha", None)
+    with pytest.raises(MemmeshError):
+        commands.memory_config(node, "alpha", "set", "auto_recall_banks", "notes,no-such-bank")
+    shown = commands.memory_config(node, "alpha", "set", "auto_recall_banks", "notes")
+    assert shown.data["config"]["auto_recall_banks"] == ["notes"]
+    block = node.auto_recall("alpha", ["standup"])
+    assert "_(from bank: notes)_" in block and "from bank: other" not in block
+
+
+def test_auto_recall_embeds_the_query_once(node, tmp_path):
+    calls = []
+    node.set_embedder_config(EmbedderConfig("hashed"))
+    emb = node.memory.embedder
+    real = emb.embed
+    emb.embed = lambda texts: calls.append(list(texts)) or real(texts)
+    commands.memory_new(node, "notes")
+    commands.memory_grant(node, "notes", "alpha", "write")
+    remember(node, "alpha", "deploy", "nix build", bank="notes")
+    remember(node, "alpha", "deploy steps", "scp to prod")
+    commands.memory_attach(node, "notes", "alpha", None)
+    calls.clear()
+    assert "nix build" in node.auto_recall("alpha", ["deploy"])
+    assert calls == [["deploy"]]

@@ -18,7 +18,7 @@ from typing import Any
 from auth.errors import AuthError, MemmeshError
 from auth.keys import SigningKey
 from auth.ops import GrantOp, RevokeOp
-from auth.permissions import Permission
+from auth.permissions import Permission, holds
 from crdt.database import Database
 from node.home import Home
 from node.registry import AgentRecord, BankRecord, NameError_, check_name
@@ -142,7 +142,9 @@ class Agents:
         if taken:
             raise NameError_(f"{name!r} is already {taken} on this node")
         key_name = f"agent-{name}"
-        key = self.home.new_key(key_name) if not self.home.key_path(key_name).exists() else self.home.load_key(key_name)
+        # A key file without a registered agent is left by a creation that failed after the
+        # key was saved: reuse it rather than refuse the name for good.
+        key = self.home.load_key(key_name) if self.home.key_path(key_name).exists() else self.home.new_key(key_name)
         db = self.home.create_database(key, {"kind": "agent", "display_name": name})
         self.registry.add_agent(AgentRecord(name, db.id, key_name))
         return Agent(name, key, db)
@@ -180,24 +182,25 @@ class Agents:
         arec = self.registry.agent(ref)
         if arec is not None:
             return BankRef(arec.name, self.home.database(arec.db_id), self.home.load_key(arec.key_name), "agent")
-        if ref.startswith("sha256:"):
-            for b in self.registry.banks():
-                if b.db_id == ref:
-                    return self.resolve(b.name)
-            for a in self.registry.agents():
-                if a.db_id == ref:
-                    return self.resolve(a.name)
+        named = self._name_by_id(ref)
+        if named is not None:
+            return self.resolve(named)
         known = [b.name for b in self.registry.banks()]
         raise NameError_(f"no bank {ref!r} on this node (banks: {', '.join(known) or 'none yet'}); "
                          "create one with: memmesh memory new NAME")
 
+    def _name_by_id(self, db_id: str) -> str | None:
+        """The registered bank or agent whose database is ``db_id``."""
+        for rec in [*self.registry.banks(), *self.registry.agents()]:
+            if rec.db_id == db_id:
+                return rec.name
+        return None
+
     def name_of(self, db_id: str) -> str:
-        for b in self.registry.banks():
-            if b.db_id == db_id:
-                return b.name
-        for a in self.registry.agents():
-            if a.db_id == db_id:
-                return a.name
+        """A database's name for people: registered name, else its display name, else its id."""
+        named = self._name_by_id(db_id)
+        if named is not None:
+            return named
         if db_id in self.home.database_ids():
             meta = self.home.database(db_id).meta()
             if isinstance(meta.get("display_name"), str):
@@ -205,11 +208,7 @@ class Agents:
         return db_id
 
     def delete_bank(self, ref: str) -> BankRecord:
-        rec = self.registry.bank(ref)
-        if rec is None:
-            for b in self.registry.banks():
-                if b.db_id == ref:
-                    rec = b
+        rec = self.registry.bank(ref) or next((b for b in self.registry.banks() if b.db_id == ref), None)
         if rec is None:
             raise NameError_(f"no registered bank {ref!r}; `memmesh memory list` shows them")
         self.registry.archive_bank(rec)
@@ -262,8 +261,6 @@ class Agents:
 
     def open_for(self, agent: Agent, ref: str | None, needed: str) -> BankRef:
         """The database ``agent`` may use for ``needed`` ("read" or "write"); else AuthError."""
-        from auth.permissions import holds
-
         if ref is None or ref == agent.name or ref == agent.db.id:
             return BankRef(agent.name, agent.db, agent.key, "self")
         bank = self.resolve(ref)

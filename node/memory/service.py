@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from auth.errors import AuthError
 from auth.permissions import Permission
 from crdt.database import Database
 from node.memory.agents import Agent, Agents, agent_state
@@ -19,6 +20,7 @@ from node.memory.embedders import Embedder, EmbedderError
 from node.memory.rows import MEMORY_STORE, MemoryInputError, embedding_value, memory_value
 from node.memory.tokens import autorecall_query_tokens
 from node.memory.view import MemoryView
+from node.registry import NameError_
 
 log = logging.getLogger(__name__)
 
@@ -126,16 +128,23 @@ class MemoryService:
                 "message": message, "warnings": warnings}
 
     def _search(self, db: Database, query: str, tags: Sequence[str], limit: int,
-                warnings: list[str], include_superseded: bool = False):
+                warnings: list[str], include_superseded: bool = False,
+                vectors: dict[str, np.ndarray | None] | None = None):
+        """Recall in one database. ``vectors`` caches the query's embedding across the
+        databases of one call (auto-recall searches several), so it is computed once."""
         view = self.view(db)
         vector = None
         if query.strip() and view.has_vectors():
-            vector = self._embed(query, warnings, "read")
+            cache = vectors if vectors is not None else {}
+            if query not in cache:
+                cache[query] = self._embed(query, warnings, "read")
+            vector = cache[query]
         return view.recall(query, tags=tags, limit=limit, query_vector=vector,
                            include_superseded=include_superseded)
 
     def list_banks(self, agent: Agent) -> dict[str, Any]:
-        banks = [{"name": agent.name, "id": agent.db.id, "kind": "self", "permission": "admin", "self": True}]
+        own = perm_name(self._perm_on(agent, agent.db.id))
+        banks = [{"name": agent.name, "id": agent.db.id, "kind": "self", "permission": own, "self": True}]
         state = agent_state(agent.db)
         seen = {agent.db.id}
         # Refs first (a ref left without auth is still listed, with its real permission) ...
@@ -144,7 +153,10 @@ class MemoryService:
                 continue
             seen.add(db_id)
             perm = self._perm_on(agent, db_id)
-            banks.append({"name": self.agents.name_of(db_id) or ref["name"], "id": db_id, "kind": "bank",
+            name = self.agents.name_of(db_id)
+            if name == db_id and ref["name"]:  # not hosted here: the name the ref was given
+                name = ref["name"]
+            banks.append({"name": name, "id": db_id, "kind": "bank",
                           "permission": perm_name(perm), "self": False})
         # ... then every other database on this node the agent's key opens.
         for db_id in self.agents.home.database_ids():
@@ -195,14 +207,15 @@ class MemoryService:
         limit = int(state.config["max_entries"])
         warnings: list[str] = []
         lines: list[str] = []
-        for m in self._search(agent.db, query, (), limit, warnings):
+        vectors: dict[str, np.ndarray | None] = {}
+        for m in self._search(agent.db, query, (), limit, warnings, vectors=vectors):
             lines.append(_line(m.key, m.value, None))
         for db_id in self._recall_banks(agent, state, session):
             try:
                 target = self.agents.open_for(agent, db_id, "read")
-            except Exception:
-                continue  # banks the agent cannot open are skipped silently
-            for m in self._search(target.db, query, (), limit, warnings):
+            except (AuthError, NameError_):
+                continue  # banks the agent cannot open (or no longer knows) are skipped silently
+            for m in self._search(target.db, query, (), limit, warnings, vectors=vectors):
                 lines.append(_line(m.key, m.value, target.name))
         if not lines:
             return ""
@@ -215,8 +228,8 @@ class MemoryService:
             for ref in chosen:
                 try:
                     ids.append(self.agents.resolve(ref).db.id)
-                except Exception:
-                    continue
+                except NameError_:
+                    continue  # a bank deleted since it was chosen
             return [i for i in ids if i != agent.db.id]
         ids = list(state.attached.get(None, []))
         if session is not None:

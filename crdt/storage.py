@@ -10,9 +10,12 @@ What is stored
   were first stored. The header bytes are kept exactly as given (they are signed; never
   re-encoded). Each payload (pycrdt update bytes, one per store the entry touches) can later be
   erased: it becomes ``None`` while the header, and so the entry id and signature, stay.
-* **Pending entries**, per database: entries that arrived before some of their parents, with
-  the ids of the parents they wait for. Bounded (entry count and bytes per database) so that a
-  peer cannot fill the disk with orphans.
+* **Pending entries**, per database: entries that cannot be applied yet (they wait for some
+  parents, or only for payloads), each with a ``PendingRecord``: who wrote it, who delivered
+  it, when it was put, its size and the parent ids it waits for. The record is what a caller
+  keeps in memory and reasons about; the header and payload bytes stay in storage until
+  ``get_pending`` asks for them. Bounded (entry count and bytes per database) as a backstop so
+  that a peer cannot fill the disk with orphans.
 * **Peer-local records** (never synced): small namespaced key/value byte strings.
 
 Semantics every adapter follows
@@ -22,13 +25,25 @@ Semantics every adapter follows
   is committed, so a caller may acknowledge what it returned for.
 * An entry whose id is already in the log is skipped, whatever its payloads: re-receiving an
   entry never resurrects an erased payload. Within one batch, the first copy of an id wins.
+* ``fill_payload`` is the one way a payload comes back: it gives bytes to a payload that is
+  ``None`` (erased, or never received) and leaves a present payload unchanged. The caller has
+  checked the bytes against the signed digest; storage does not look at them.
+* ``put_pending`` stores or replaces a pending entry; a replaced one keeps its place in the
+  order and takes every new field. ``pending`` returns the records only (never bytes), in the
+  order first put; ``get_pending`` returns the full stored copy. A pending entry leaves the
+  area only through ``drop_pending`` or ``append(..., drop_pending=...)``.
+* ``put_local_many`` is one atomic transaction, like ``append``: every record or none. Within
+  one call a key given twice takes the last value, as successive ``put_local`` calls would.
 * Operations on a database that was never added raise ``StorageError``; so do
-  ``erase_payload`` on an unknown entry or store, a full pending area, and any use after
-  ``close()``. Arguments of the wrong type raise ``TypeError``, malformed names ``ValueError``;
-  both are checked for the whole batch as it is written, and leave the storage unchanged.
+  ``erase_payload`` and ``fill_payload`` on an unknown entry or store, a full pending area, and
+  any use after ``close()``. Arguments of the wrong type raise ``TypeError``, malformed values
+  (names, labels, times) ``ValueError``; both are checked for the whole batch as it is
+  written, and leave the storage unchanged.
 * Names (database ids, entry ids, store names, local namespaces and keys) are non-empty
-  ``str`` without NUL characters, encodable as UTF-8. Byte values accept ``bytes``,
-  ``bytearray`` or ``memoryview`` and are returned as ``bytes``.
+  ``str`` without NUL characters, encodable as UTF-8. Labels (a pending entry's author and
+  source) follow the same rules but may be empty. Times are ``int`` milliseconds, from 0 to
+  2**63 - 1 (what SQLite's INTEGER holds). Byte values accept ``bytes``, ``bytearray`` or
+  ``memoryview`` and are returned as ``bytes``.
 * Payload mappings are returned read-only, ordered by store name.
 * All methods are synchronous and serialised by a lock: safe to call from an asyncio thread
   and a worker thread at once (one writer at a time).
@@ -47,14 +62,19 @@ __all__ = [
     "DEFAULT_MAX_PENDING",
     "DEFAULT_MAX_PENDING_BYTES",
     "MemoryStorage",
+    "PendingRecord",
     "Storage",
     "StorageError",
     "StoredEntry",
     "check_bytes",
     "check_ids",
+    "check_label",
     "check_limit",
+    "check_local_items",
+    "check_millis",
     "check_name",
     "check_entry",
+    "check_pending",
     "freeze_payloads",
     "pending_full_error",
 ]
@@ -77,15 +97,26 @@ class StoredEntry:
         return len(self.header) + sum(len(p) for p in self.payloads.values() if p is not None)
 
 
+@dataclass(frozen=True, slots=True)
+class PendingRecord:
+    """What is kept in memory about a pending entry: never its header or payload bytes."""
+
+    id: str
+    author: str  # the entry's author, as the caller labelled it (a key string)
+    source: str  # who delivered it, as the caller labelled it ("peer:<key>", "local", "" ...)
+    received_ms: int  # when it was put, caller's clock in ms (>= 0)
+    size: int  # StoredEntry.size of the stored copy
+    missing: tuple[str, ...]  # parent ids it waits for (may be empty: it waits for payloads only)
+
+
 # --------------------------------------------------------------------------- validation
 # Shared by every adapter so that they accept and refuse exactly the same input.
 
 
-def check_name(value: object, what: str) -> str:
+def check_label(value: object, what: str) -> str:
+    """Text that may be empty: a str without NUL characters, encodable as UTF-8."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{what} must not be empty")
     if "\x00" in value:
         raise ValueError(f"{what} must not contain NUL characters: {value!r}")
     try:
@@ -93,6 +124,13 @@ def check_name(value: object, what: str) -> str:
     except UnicodeEncodeError:
         raise ValueError(f"{what} is not valid Unicode text: {value!r}") from None
     return value
+
+
+def check_name(value: object, what: str) -> str:
+    name = check_label(value, what)
+    if not name:
+        raise ValueError(f"{what} must not be empty")
+    return name
 
 
 def check_bytes(value: object, what: str) -> bytes:
@@ -136,7 +174,7 @@ def freeze_payloads(payloads: Mapping[str, bytes | None]) -> Mapping[str, bytes 
 def pending_full_error(db_id: str, count: int, nbytes: int, max_pending: int, max_bytes: int) -> StorageError:
     return StorageError(
         f"pending area full for database {db_id}: it would hold {count} entries / {nbytes} bytes "
-        f"waiting for missing parents (limits: {max_pending} entries, {max_bytes} bytes); "
+        f"waiting for parents or payloads (limits: {max_pending} entries, {max_bytes} bytes); "
         "drop pending entries or fetch their parents first"
     )
 
@@ -147,6 +185,40 @@ def check_limit(value: object, what: str) -> int:
     if value < 0:
         raise ValueError(f"{what} must be >= 0, got {value}")
     return value
+
+
+_MAX_MILLIS = 2**63 - 1  # SQLite's INTEGER: a larger time would be stored by one adapter only
+
+
+def check_millis(value: object, what: str) -> int:
+    millis = check_limit(value, what)
+    if millis > _MAX_MILLIS:
+        raise ValueError(f"{what} must be <= {_MAX_MILLIS}, got {millis}")
+    return millis
+
+
+def check_pending(
+    entry: object, missing: object, author: object, source: object, received_ms: object
+) -> tuple[StoredEntry, PendingRecord]:
+    """Validate a put_pending call: the normalised entry and the record to keep beside it."""
+    stored = check_entry(entry)
+    missing_t = check_ids(missing, "missing parent id")
+    author_s = check_label(author, "author")
+    source_s = check_label(source, "source")
+    received = check_millis(received_ms, "received_ms")
+    return stored, PendingRecord(stored.id, author_s, source_s, received, stored.size, missing_t)
+
+
+def check_local_items(items: object) -> list[tuple[str, bytes]]:
+    """Validate every (key, value) pair of a put_local_many batch before anything is written."""
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise TypeError(f"items must be an iterable of (key, value) pairs, not {type(items).__name__}")
+    out: list[tuple[str, bytes]] = []
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError(f"each item must be a (key, value) tuple, not {item!r:.60}")
+        out.append((check_name(item[0], "key"), check_bytes(item[1], "value")))
+    return out
 
 
 # --------------------------------------------------------------------------- interface
@@ -199,16 +271,37 @@ class Storage(ABC):
         """Erase one payload: it becomes None, the header stays. Idempotent; raises
         StorageError if the entry or the store is unknown."""
 
-    # --- entries waiting for missing parents, bounded ---
     @abstractmethod
-    def put_pending(self, db_id: str, entry: StoredEntry, missing: Sequence[str]) -> None:
-        """Store (or replace, keeping its place) a pending entry with the parent ids it waits
-        for. Raises StorageError("pending area full ...") if the database would then hold more
+    def fill_payload(self, db_id: str, entry_id: str, store: str, data: bytes) -> None:
+        """Give ``data`` to a payload that is None (erased or never received); a present
+        payload is left unchanged. Raises StorageError if the entry or the store is unknown.
+        The caller has checked ``data`` against the signed digest. Durable when it returns."""
+
+    # --- entries waiting (for parents or payloads), bounded ---
+    @abstractmethod
+    def put_pending(
+        self,
+        db_id: str,
+        entry: StoredEntry,
+        missing: Sequence[str],
+        *,
+        author: str = "",
+        source: str = "",
+        received_ms: int = 0,
+    ) -> None:
+        """Store (or replace, keeping its place) a pending entry with its record: the parent
+        ids it waits for (may be empty), its author and source labels and when it was put.
+        Raises StorageError("pending area full ...") if the database would then hold more
         than ``max_pending`` entries or ``max_pending_bytes`` bytes (StoredEntry.size)."""
 
     @abstractmethod
-    def pending(self, db_id: str) -> list[tuple[StoredEntry, tuple[str, ...]]]:
-        """Pending entries with their missing parents, in the order first put."""
+    def pending(self, db_id: str) -> list[PendingRecord]:
+        """The records of the pending entries (no header or payload bytes), in the order
+        first put."""
+
+    @abstractmethod
+    def get_pending(self, db_id: str, entry_id: str) -> StoredEntry | None:
+        """The full stored copy of a pending entry (header and payloads), or None."""
 
     @abstractmethod
     def drop_pending(self, db_id: str, entry_ids: Sequence[str]) -> None:
@@ -220,6 +313,11 @@ class Storage(ABC):
 
     @abstractmethod
     def put_local(self, ns: str, key: str, value: bytes) -> None: ...
+
+    @abstractmethod
+    def put_local_many(self, ns: str, items: Iterable[tuple[str, bytes]]) -> None:
+        """Put several records in ONE atomic transaction: all of them or, if any item is
+        invalid, none. A key given twice takes its last value."""
 
     @abstractmethod
     def delete_local(self, ns: str, key: str) -> bool:
@@ -249,13 +347,13 @@ class _Db:
     def __init__(self) -> None:
         self.log: dict[str, StoredEntry] = {}
         self.order: list[str] = []  # append order; the log only grows, so positions are stable
-        self.pending: dict[str, tuple[StoredEntry, tuple[str, ...]]] = {}
-        self.pending_bytes = 0  # sum of StoredEntry.size over ``pending``
+        self.pending: dict[str, tuple[StoredEntry, PendingRecord]] = {}  # insertion = order
+        self.pending_bytes = 0  # sum of PendingRecord.size over ``pending``
 
     def unpend(self, entry_id: str) -> None:
         item = self.pending.pop(entry_id, None)
         if item is not None:
-            self.pending_bytes -= item[0].size
+            self.pending_bytes -= item[1].size
 
 
 class MemoryStorage(Storage):
@@ -363,23 +461,53 @@ class MemoryStorage(Storage):
             payloads[store] = None
             db.log[entry_id] = StoredEntry(entry.id, entry.header, freeze_payloads(payloads))
 
-    # --- pending
-    def put_pending(self, db_id: str, entry: StoredEntry, missing: Sequence[str]) -> None:
+    def fill_payload(self, db_id: str, entry_id: str, store: str, data: bytes) -> None:
         with self._lock:
             db = self._db(db_id)
-            entry = check_entry(entry)
-            missing_t = check_ids(missing, "missing parent id")
-            old = db.pending.get(entry.id)
+            check_name(entry_id, "entry id")
+            check_name(store, "store name")
+            value = check_bytes(data, "payload")
+            entry = db.log.get(entry_id)
+            if entry is None:
+                raise StorageError(f"cannot fill: unknown entry {entry_id} in database {db_id}")
+            if store not in entry.payloads:
+                raise StorageError(f"cannot fill: entry {entry_id} has no payload for store {store!r}")
+            if entry.payloads[store] is None:  # a present payload is never overwritten
+                payloads = dict(entry.payloads)
+                payloads[store] = value
+                db.log[entry_id] = StoredEntry(entry.id, entry.header, freeze_payloads(payloads))
+
+    # --- pending
+    def put_pending(
+        self,
+        db_id: str,
+        entry: StoredEntry,
+        missing: Sequence[str],
+        *,
+        author: str = "",
+        source: str = "",
+        received_ms: int = 0,
+    ) -> None:
+        with self._lock:
+            db = self._db(db_id)
+            stored, record = check_pending(entry, missing, author, source, received_ms)
+            old = db.pending.get(stored.id)
             count = len(db.pending) + (old is None)
-            nbytes = db.pending_bytes + entry.size - (old[0].size if old else 0)
+            nbytes = db.pending_bytes + record.size - (old[1].size if old else 0)
             if count > self.max_pending or nbytes > self.max_pending_bytes:
                 raise pending_full_error(db_id, count, nbytes, self.max_pending, self.max_pending_bytes)
-            db.pending[entry.id] = (entry, missing_t)
+            db.pending[stored.id] = (stored, record)  # an existing key keeps its position
             db.pending_bytes = nbytes
 
-    def pending(self, db_id: str) -> list[tuple[StoredEntry, tuple[str, ...]]]:
+    def pending(self, db_id: str) -> list[PendingRecord]:
         with self._lock:
-            return list(self._db(db_id).pending.values())
+            return [record for _, record in self._db(db_id).pending.values()]
+
+    def get_pending(self, db_id: str, entry_id: str) -> StoredEntry | None:
+        with self._lock:
+            db = self._db(db_id)
+            item = db.pending.get(check_name(entry_id, "entry id"))
+            return None if item is None else item[0]
 
     def drop_pending(self, db_id: str, entry_ids: Sequence[str]) -> None:
         with self._lock:
@@ -401,6 +529,14 @@ class MemoryStorage(Storage):
             check_name(ns, "namespace")
             check_name(key, "key")
             self._local.setdefault(ns, {})[key] = check_bytes(value, "value")
+
+    def put_local_many(self, ns: str, items: Iterable[tuple[str, bytes]]) -> None:
+        with self._lock:
+            self._open()
+            check_name(ns, "namespace")
+            batch = check_local_items(items)  # all validated before the first write
+            if batch:  # no empty namespace left behind (delete_local removes them too)
+                self._local.setdefault(ns, {}).update(batch)
 
     def delete_local(self, ns: str, key: str) -> bool:
         with self._lock:

@@ -76,6 +76,9 @@ class Event:
     vv: Mapping[str, int]  # version vector of the causal past INCLUDING the event itself
     ops: tuple[Op, ...] = ()  # settings operations; empty for a data-only entry
     is_root: bool = False
+    # What a data-only entry needs: Write, or Admin for one that erases another author's
+    # payload. Entries with settings operations always need Admin.
+    needs: str = "write"
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,13 +222,13 @@ class _Ctx:
     bad_op: int | None = None
 
 
-def _data_verdict(st: KeyState | None) -> Verdict:
+def _data_verdict(st: KeyState | None, needs: str = WRITE) -> Verdict:
     if st is None:
         return Verdict(False, UNKNOWN_KEY)
     if not st.active:
         return Verdict(False, REVOKED_KEY)
-    if not holds(st.permission, WRITE):
-        return Verdict(False, NOT_WRITER)
+    if not holds(st.permission, needs):
+        return Verdict(False, NOT_ADMIN if needs == ADMIN else NOT_WRITER)
     return Verdict(True, OK, st.granted_by)
 
 
@@ -241,7 +244,7 @@ def _step1(e: Event, root_id: str | None, ops_by_key: Mapping[str, Sequence[_Ref
 
     st = state(e.author)
     if not e.ops:
-        return _data_verdict(st), _Ctx(st)
+        return _data_verdict(st, e.needs), _Ctx(st)
     if st is None:
         return Verdict(False, UNKNOWN_KEY), _Ctx(st)
     if not st.active:
@@ -305,7 +308,7 @@ def _uses_removed(x: Event, ctx: _Ctx, new: Permission | None) -> bool:
     if x.is_root:
         return False
     if not x.ops:
-        return not holds(new, WRITE)
+        return not holds(new, x.needs)
     if not holds(new, ADMIN):
         return True
     assert ctx.targets is not None
@@ -478,10 +481,10 @@ def _judge_data(x: Event, timeline: Sequence[_KeyRound] | None) -> tuple[Verdict
         # The common case: the entry has seen every operation on its author, so its key state
         # is the round's full state, computed once per round rather than once per entry.
         st = _full_state(ops) if len(past) == len(ops) else _key_state(past)
-        v = _data_verdict(st)
+        v = _data_verdict(st, x.needs)
         if v.accepted:
             for it in removals:
-                if not holds(it.new, WRITE) and concurrent(it.entry, x):
+                if not holds(it.new, x.needs) and concurrent(it.entry, x):
                     return Verdict(False, VOIDED, v.authorised_by, it.entry.id), st
         if i == last:
             return v, st
@@ -598,6 +601,21 @@ class Evaluator:
         """The settings a new entry whose causal past is ``vv`` would be judged by."""
         return _settings_from(self._rounds[-1].ops, vv) if self._rounds else AuthSettings()
 
+    def preview(self, event: Event) -> Verdict:
+        """The verdict ``event`` would get if it were added now, without adding it.
+
+        Cheap for a data-only event; a settings event costs one run of the rounds.
+        """
+        if event.id in self._events:
+            return self._verdicts[event.id]
+        if not event.ops and not event.is_root:
+            return _judge_data(event, self._timelines.get(event.author))[0]
+        events = list(self._settings_events)
+        insort(events, event, key=t_key)
+        roots = self._roots + [event] if event.is_root else self._roots
+        verdicts, _ctx, _rounds = _run_rounds(events, _designated_root(roots))
+        return verdicts[event.id]
+
     def never_valid(self, event: Event) -> tuple[str, str] | None:
         """(reason, detail) if no later event could make ``event`` valid, else None.
 
@@ -611,10 +629,10 @@ class Evaluator:
         refs = [r for r in self._all_ops.get(event.author, ()) if in_past(r[0], event)]
         if not refs:
             return (UNKNOWN_KEY, f"no grant to {event.author} in the entry's causal past")
-        needed = ADMIN if event.ops else WRITE
+        needed = ADMIN if event.ops else event.needs
         grants = [r[2].permission for r in refs if isinstance(r[2], GrantOp)]
         if not any(holds(p, needed) for p in grants):
-            reason = NOT_ADMIN if event.ops else NOT_WRITER
+            reason = NOT_ADMIN if needed == ADMIN else NOT_WRITER
             return (reason, f"no grant of {needed} to {event.author} in the entry's causal past")
         # The author's priority is that of one of these grants at best.
         best = min(p.priority for p in grants if p.level == ADMIN) if event.ops else 0
@@ -637,6 +655,8 @@ class Evaluator:
             what = "the root entry"
         elif e.ops:
             what = f"a settings change ({'; '.join(str(op) for op in e.ops)}), which needs Admin"
+        elif e.needs == ADMIN:
+            what = "a data entry that erases another author's payload, which needs Admin"
         else:
             what = "a data entry, which needs Write"
         lines = [f"Entry {e.id} (seq {e.seq}, height {e.height}) is signed by {e.author}: {what}."]
@@ -661,7 +681,8 @@ class Evaluator:
             lines.append(f"Rejected ({REVOKED_KEY}): {e.author} {held}; no re-grant follows that "
                          f"revocation in the entry's causal past.")
         elif v.reason == NOT_ADMIN:
-            lines.append(f"Rejected ({NOT_ADMIN}): changing _settings needs Admin; {e.author} {held}.")
+            need = "changing _settings" if e.ops else "erasing another author's payload"
+            lines.append(f"Rejected ({NOT_ADMIN}): {need} needs Admin; {e.author} {held}.")
         elif v.reason == NOT_WRITER:
             lines.append(f"Rejected ({NOT_WRITER}): writing needs Write; {e.author} {held}.")
         elif v.reason in (TARGET_STRONGER, GRANT_EXCEEDS) and ctx.bad_op is not None:

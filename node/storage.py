@@ -1,11 +1,12 @@
 """SQLite adapter behind crdt's storage interface (see crdt/storage.py for the semantics).
 
-One file holds one node's durable state. Layout (schema version 1):
+One file holds one node's durable state. Layout (schema version 2):
 
     databases        (seq, db_id)                        creation order = seq
     entries          (seq, db, id, header)               append order = seq (the rowid)
-    payloads         (entry, store, data)                data NULL = erased
-    pending          (seq, db, id, header, size)         entries waiting for parents
+    payloads         (entry, store, data)                data NULL = erased or not received
+    pending          (seq, db, id, header, size,         entries waiting for parents or
+                      author, source, received)          payloads; received = put time, ms
     pending_payloads (pending, store, data)
     pending_missing  (pending, position, parent)
     pending_totals   (db, count, bytes)                  kept by triggers, for the bounds
@@ -13,7 +14,9 @@ One file holds one node's durable state. Layout (schema version 1):
 
 The file is marked with ``PRAGMA application_id`` (so another program's SQLite file is told
 apart from ours) and ``PRAGMA user_version`` (the schema version; a file written by a newer
-memmesh is refused instead of being misread).
+memmesh is refused instead of being misread). An older file is migrated in place when it is
+opened, in one transaction (see ``_MIGRATIONS``): version 1 lacked the pending table's
+author, source and received columns.
 
 Durability: WAL journal, ``synchronous=NORMAL``. A transaction is committed when its WAL frames
 have been written to the operating system, which survives the process being killed at any
@@ -40,13 +43,16 @@ from crdt.errors import StorageError
 from crdt.storage import (
     DEFAULT_MAX_PENDING,
     DEFAULT_MAX_PENDING_BYTES,
+    PendingRecord,
     Storage,
     StoredEntry,
     check_bytes,
     check_entry,
     check_ids,
     check_limit,
+    check_local_items,
     check_name,
+    check_pending,
     freeze_payloads,
     pending_full_error,
 )
@@ -54,7 +60,7 @@ from crdt.storage import (
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStorage"]
 
 APPLICATION_ID = 0x4D4D5348  # "MMSH" in the SQLite header: this file is a memmesh store
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _PAGE = 500  # entries read per query while iterating
 
 _SCHEMA = """
@@ -81,6 +87,11 @@ CREATE TABLE pending (
     id     TEXT NOT NULL,
     header BLOB NOT NULL,
     size   INTEGER NOT NULL,             -- StoredEntry.size, for the byte bound
+    -- Added by version 2. Last, with the same defaults as the migration, so that a migrated
+    -- file and a new one have the same table.
+    author   TEXT NOT NULL DEFAULT '',
+    source   TEXT NOT NULL DEFAULT '',
+    received INTEGER NOT NULL DEFAULT 0, -- ms, the caller's clock
     UNIQUE (db, id)
 );
 CREATE TABLE pending_payloads (
@@ -117,6 +128,16 @@ CREATE TABLE local (
     PRIMARY KEY (ns, key)
 ) WITHOUT ROWID;
 """
+
+# Statements that bring a file from schema version N to N + 1; run on open, all steps in one
+# transaction, so an interrupted migration leaves the old version intact.
+_MIGRATIONS = {
+    1: """
+ALTER TABLE pending ADD COLUMN author TEXT NOT NULL DEFAULT '';
+ALTER TABLE pending ADD COLUMN source TEXT NOT NULL DEFAULT '';
+ALTER TABLE pending ADD COLUMN received INTEGER NOT NULL DEFAULT 0;
+""",
+}
 
 _SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 
@@ -214,6 +235,21 @@ class SqliteStorage(Storage):
                             cur.execute(statement)
                         cur.execute(f"PRAGMA application_id={APPLICATION_ID}")
                         cur.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version < SCHEMA_VERSION:
+                try:
+                    with self._transaction() as cur:
+                        # Re-read inside the write lock: another process may have migrated it.
+                        current = cur.execute("PRAGMA user_version").fetchone()[0]
+                        if current < SCHEMA_VERSION:
+                            for step in range(current, SCHEMA_VERSION):
+                                for statement in _statements(_MIGRATIONS[step]):
+                                    cur.execute(statement)
+                            cur.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                except StorageError as exc:  # rolled back: the file is still the old version
+                    raise StorageError(
+                        f"cannot migrate {self.path} from storage schema version {version} to "
+                        f"{SCHEMA_VERSION} (the file is unchanged): {exc}"
+                    ) from exc
             for seq, db_id in conn.execute("SELECT seq, db_id FROM databases ORDER BY seq"):
                 self._db_keys[db_id] = seq
         except sqlite3.DatabaseError as exc:
@@ -417,14 +453,43 @@ class SqliteStorage(Storage):
             except sqlite3.Error:
                 pass
 
-    # ----------------------------------------------------------------- pending
-
-    def put_pending(self, db_id: str, entry: StoredEntry, missing: Sequence[str]) -> None:
+    def fill_payload(self, db_id: str, entry_id: str, store: str, data: bytes) -> None:
         with self._lock:
             db = self._db_key(db_id)
-            entry = check_entry(entry)
-            missing_t = check_ids(missing, "missing parent id")
-            size = entry.size
+            check_name(entry_id, "entry id")
+            check_name(store, "store name")
+            value = check_bytes(data, "payload")
+            with self._transaction() as cur:
+                row = cur.execute("SELECT seq FROM entries WHERE db = ? AND id = ?", (db, entry_id)).fetchone()
+                if row is None:
+                    raise StorageError(f"cannot fill: unknown entry {entry_id} in database {db_id}")
+                seq = row[0]
+                # "AND data IS NULL": a present payload is never overwritten.
+                cur.execute(
+                    "UPDATE payloads SET data = ? WHERE entry = ? AND store = ? AND data IS NULL", (value, seq, store)
+                )
+                if cur.rowcount == 0 and cur.execute(
+                    "SELECT 1 FROM payloads WHERE entry = ? AND store = ?", (seq, store)
+                ).fetchone() is None:
+                    raise StorageError(f"cannot fill: entry {entry_id} has no payload for store {store!r}")
+
+    # ----------------------------------------------------------------- pending
+
+    def put_pending(
+        self,
+        db_id: str,
+        entry: StoredEntry,
+        missing: Sequence[str],
+        *,
+        author: str = "",
+        source: str = "",
+        received_ms: int = 0,
+    ) -> None:
+        with self._lock:
+            db = self._db_key(db_id)
+            entry, record = check_pending(entry, missing, author, source, received_ms)
+            size = record.size
+            fields = (record.author, record.source, record.received_ms)
             with self._transaction() as cur:
                 count, total = cur.execute(
                     "SELECT count, bytes FROM pending_totals WHERE db = ?", (db,)
@@ -436,13 +501,17 @@ class SqliteStorage(Storage):
                     raise pending_full_error(db_id, count, total, self.max_pending, self.max_pending_bytes)
                 if old is None:
                     cur.execute(
-                        "INSERT INTO pending (db, id, header, size) VALUES (?, ?, ?, ?)",
-                        (db, entry.id, entry.header, size),
+                        "INSERT INTO pending (db, id, header, size, author, source, received) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (db, entry.id, entry.header, size, *fields),
                     )
                     seq = cur.lastrowid
                 else:  # replace in place: it keeps its position
                     seq = old[0]
-                    cur.execute("UPDATE pending SET header = ?, size = ? WHERE seq = ?", (entry.header, size, seq))
+                    cur.execute(
+                        "UPDATE pending SET header = ?, size = ?, author = ?, source = ?, received = ? WHERE seq = ?",
+                        (entry.header, size, *fields, seq),
+                    )
                     cur.execute("DELETE FROM pending_payloads WHERE pending = ?", (seq,))
                     cur.execute("DELETE FROM pending_missing WHERE pending = ?", (seq,))
                 cur.executemany(
@@ -451,16 +520,17 @@ class SqliteStorage(Storage):
                 )
                 cur.executemany(
                     "INSERT INTO pending_missing (pending, position, parent) VALUES (?, ?, ?)",
-                    ((seq, i, parent) for i, parent in enumerate(missing_t)),
+                    ((seq, i, parent) for i, parent in enumerate(record.missing)),
                 )
 
-    def pending(self, db_id: str) -> list[tuple[StoredEntry, tuple[str, ...]]]:
+    def pending(self, db_id: str) -> list[PendingRecord]:
         with self._reading() as conn:
             db = self._db_key(db_id)
-            rows = conn.execute("SELECT seq, id, header FROM pending WHERE db = ? ORDER BY seq", (db,)).fetchall()
-            seqs = [r[0] for r in rows]
-            payloads = self._payloads(conn, "pending_payloads", "pending", seqs)
-            missing: dict[int, list[str]] = {s: [] for s in seqs}
+            # Metadata only: the header and payload columns are not read.
+            rows = conn.execute(
+                "SELECT seq, id, author, source, received, size FROM pending WHERE db = ? ORDER BY seq", (db,)
+            ).fetchall()
+            missing: dict[int, list[str]] = {r[0]: [] for r in rows}
             for seq, parent in conn.execute(
                 "SELECT m.pending, m.parent FROM pending_missing m JOIN pending p ON p.seq = m.pending "
                 "WHERE p.db = ? ORDER BY m.pending, m.position",
@@ -468,9 +538,19 @@ class SqliteStorage(Storage):
             ):
                 missing[seq].append(parent)
             return [
-                (StoredEntry(entry_id, header, freeze_payloads(payloads[seq])), tuple(missing[seq]))
-                for seq, entry_id, header in rows
+                PendingRecord(entry_id, author, source, received, size, tuple(missing[seq]))
+                for seq, entry_id, author, source, received, size in rows
             ]
+
+    def get_pending(self, db_id: str, entry_id: str) -> StoredEntry | None:
+        with self._reading() as conn:
+            db = self._db_key(db_id)
+            check_name(entry_id, "entry id")
+            row = conn.execute("SELECT seq, header FROM pending WHERE db = ? AND id = ?", (db, entry_id)).fetchone()
+            if row is None:
+                return None
+            payloads = self._payloads(conn, "pending_payloads", "pending", [row[0]])[row[0]]
+            return StoredEntry(entry_id, row[1], freeze_payloads(payloads))
 
     def drop_pending(self, db_id: str, entry_ids: Sequence[str]) -> None:
         with self._lock:
@@ -501,6 +581,20 @@ class SqliteStorage(Storage):
                     "INSERT INTO local (ns, key, value) VALUES (?, ?, ?) "
                     "ON CONFLICT (ns, key) DO UPDATE SET value = excluded.value",
                     (ns, key, data),
+                )
+
+    def put_local_many(self, ns: str, items: Iterable[tuple[str, bytes]]) -> None:
+        with self._lock:
+            self._connection()
+            check_name(ns, "namespace")
+            batch = check_local_items(items)  # all validated before the transaction begins
+            if not batch:
+                return
+            with self._transaction() as cur:
+                cur.executemany(
+                    "INSERT INTO local (ns, key, value) VALUES (?, ?, ?) "
+                    "ON CONFLICT (ns, key) DO UPDATE SET value = excluded.value",
+                    ((ns, key, value) for key, value in batch),
                 )
 
     def delete_local(self, ns: str, key: str) -> bool:

@@ -12,6 +12,7 @@ with ``Test`` there) and implementing ``open_storage`` and, for durable adapters
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import threading
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from crdt.errors import StorageError
-from crdt.storage import Storage, StoredEntry
+from crdt.storage import PendingRecord, Storage, StoredEntry
 
 _counter = itertools.count()
 
@@ -77,8 +78,10 @@ class StorageConformance:
             lambda: store.has("nope", e.id),
             lambda: store.count("nope"),
             lambda: store.erase_payload("nope", e.id, "memory"),
+            lambda: store.fill_payload("nope", e.id, "memory", b"x"),
             lambda: store.put_pending("nope", e, ["sha256:x"]),
             lambda: store.pending("nope"),
+            lambda: store.get_pending("nope", e.id),
             lambda: store.drop_pending("nope", [e.id]),
         ]:
             with pytest.raises(StorageError, match="unknown database"):
@@ -213,12 +216,13 @@ class StorageConformance:
         pending_before = store.pending("db-a")
         batch = [*good[:3], bad(make_entry()), *good[3:]]
         with pytest.raises(exc):
-            store.append("db-a", batch, drop_pending=[pending_before[0][0].id])
+            store.append("db-a", batch, drop_pending=[pending_before[0].id])
         # nothing of the batch is there, nothing else changed, and the storage still works
         assert [e.id for e in store.entries("db-a")] == [before.id]
         assert store.count("db-a") == 1
         assert not any(store.has("db-a", e.id) for e in good)
         assert store.pending("db-a") == pending_before
+        assert store.get_pending("db-a", pending_before[0].id) is not None
         assert store.append("db-a", good) == 5
         assert store.count("db-a") == 6
 
@@ -275,37 +279,202 @@ class StorageConformance:
             store.erase_payload("db-a", a.id, "config")
         assert store.get("db-a", a.id) == a
 
+    # ----------------------------------------------------------------- fill
+
+    def test_fill_payload_fills_only_a_missing_payload(self, store):
+        a = StoredEntry("sha256:a", b"ha", {"memory": None, "meta": b"kept", "embeddings:p/m": b"vec"})
+        b = make_entry(stores=("memory", "meta"))
+        store.append("db-a", [a, b])
+        store.erase_payload("db-a", a.id, "embeddings:p/m")
+        # never received -> filled; bytes-like data is stored as bytes
+        store.fill_payload("db-a", a.id, "memory", bytearray(b"arrived"))
+        got = store.get("db-a", a.id)
+        assert got.payloads == {"embeddings:p/m": None, "memory": b"arrived", "meta": b"kept"}
+        assert type(got.payloads["memory"]) is bytes and got.header == a.header
+        # erased -> filled
+        store.fill_payload("db-a", a.id, "embeddings:p/m", memoryview(b"vec"))
+        assert store.get("db-a", a.id).payloads["embeddings:p/m"] == b"vec"
+        # present -> unchanged, including a payload that was just filled
+        store.fill_payload("db-a", a.id, "meta", b"other")
+        store.fill_payload("db-a", a.id, "memory", b"second copy")
+        store.fill_payload("db-a", b.id, "memory", b"other")
+        assert store.get("db-a", a.id).payloads == {"embeddings:p/m": b"vec", "memory": b"arrived", "meta": b"kept"}
+        assert store.get("db-a", b.id) == b
+        # the log's order and the store-filtered read see the filled payload
+        assert [e.id for e in store.entries("db-a")] == [a.id, b.id]
+        assert next(store.entries("db-a", stores=["memory"])).payloads == {"memory": b"arrived"}
+
+    def test_fill_payload_empty_bytes_count_as_present(self, store):
+        a = StoredEntry("sha256:a", b"ha", {"memory": None, "meta": b""})
+        store.append("db-a", [a])
+        store.fill_payload("db-a", a.id, "meta", b"x")  # b"" is present, not missing
+        store.fill_payload("db-a", a.id, "memory", b"")
+        store.fill_payload("db-a", a.id, "memory", b"late")
+        assert store.get("db-a", a.id).payloads == {"memory": b"", "meta": b""}
+
+    def test_fill_payload_unknown_raises(self, store):
+        a = StoredEntry("sha256:a", b"ha", {"memory": None})
+        p = StoredEntry("sha256:p", b"hp", {"memory": None})
+        store.append("db-a", [a])
+        store.put_pending("db-a", p, ["sha256:parent"])
+        with pytest.raises(StorageError, match="unknown entry"):
+            store.fill_payload("db-a", "sha256:nope", "memory", b"x")
+        with pytest.raises(StorageError, match="unknown entry"):  # pending is not the log
+            store.fill_payload("db-a", p.id, "memory", b"x")
+        with pytest.raises(StorageError, match="no payload"):  # a store the entry does not touch
+            store.fill_payload("db-a", a.id, "config", b"x")
+        store.add_database("db-b")
+        with pytest.raises(StorageError, match="unknown entry"):  # entries are per database
+            store.fill_payload("db-b", a.id, "memory", b"x")
+        assert store.get("db-a", a.id) == a
+        assert store.get_pending("db-a", p.id) == p
+        assert store.count("db-a") == 1
+
+    @pytest.mark.parametrize(
+        "args, exc",
+        [
+            (("sha256:a", "memory", None), TypeError),  # filling is not erasing
+            (("sha256:a", "memory", "text"), TypeError),
+            (("sha256:a", "memory", 5), TypeError),
+            (("sha256:a", 5, b"x"), TypeError),
+            (("sha256:a", "", b"x"), ValueError),
+            ((None, "memory", b"x"), TypeError),
+            (("", "memory", b"x"), ValueError),
+            (("sha256:\x00", "memory", b"x"), ValueError),
+        ],
+    )
+    def test_fill_payload_bad_arguments_change_nothing(self, store, args, exc):
+        a = StoredEntry("sha256:a", b"ha", {"memory": None})
+        store.append("db-a", [a])
+        with pytest.raises(exc):
+            store.fill_payload("db-a", *args)
+        assert store.get("db-a", a.id) == a
+
+    def test_fill_payload_survives_reopen(self, location):
+        s = self.open_storage(location)
+        s.add_database("d")
+        a = make_entry(stores=("memory", "meta"))
+        b = StoredEntry("sha256:b", b"hb", {"memory": None})
+        s.append("d", [a, b])
+        s.erase_payload("d", a.id, "memory")
+        s.fill_payload("d", a.id, "memory", a.payloads["memory"])
+        s.fill_payload("d", b.id, "memory", b"arrived")
+        s = self.reopen(s, location)
+        assert s.get("d", a.id) == a
+        assert s.get("d", b.id).payloads == {"memory": b"arrived"}
+        s.fill_payload("d", b.id, "memory", b"again")  # still present after the reopen
+        assert list(s.entries("d")) == [a, StoredEntry(b.id, b.header, {"memory": b"arrived"})]
+        s.close()
+
     # ----------------------------------------------------------------- pending
 
     def test_pending_roundtrip(self, store):
         a, b = make_entry(), make_entry(stores=("memory", "meta"))
-        store.put_pending("db-a", a, ["sha256:p1", "sha256:p2"])
-        store.put_pending("db-a", b, ("sha256:p1",))
-        assert store.pending("db-a") == [(a, ("sha256:p1", "sha256:p2")), (b, ("sha256:p1",))]
+        store.put_pending("db-a", a, ["sha256:p1", "sha256:p2"], author="key:alice", source="peer:bob",
+                          received_ms=1_700_000_000_123)
+        store.put_pending("db-a", b, ("sha256:p1",))  # the defaults
+        assert store.pending("db-a") == [
+            PendingRecord(a.id, "key:alice", "peer:bob", 1_700_000_000_123, a.size, ("sha256:p1", "sha256:p2")),
+            PendingRecord(b.id, "", "", 0, b.size, ("sha256:p1",)),
+        ]
+        assert all(type(r) is PendingRecord for r in store.pending("db-a"))
+        assert store.get_pending("db-a", a.id) == a and store.get_pending("db-a", b.id) == b
         assert store.count("db-a") == 0  # pending is not in the log
-        assert not store.has("db-a", a.id)
+        assert not store.has("db-a", a.id) and store.get("db-a", a.id) is None
+
+    def test_pending_record_fields_exact(self, store):
+        # Sizes and labels that a lossy adapter would get wrong: empty payload, erased
+        # payload (not counted), non-ASCII labels, the largest time.
+        e = StoredEntry("sha256:e", b"h" * 7, {"a": b"", "b": None, "c": b"x" * 5})
+        store.put_pending("db-a", e, [], author="é\U0001f600", source="peer:\uffff", received_ms=2**63 - 1)
+        [record] = store.pending("db-a")
+        assert record == PendingRecord("sha256:e", "é\U0001f600", "peer:\uffff", 2**63 - 1, 12, ())
+        assert type(record.missing) is tuple and type(record.received_ms) is int
 
     def test_pending_replace_keeps_position(self, store):
-        a, b = make_entry(), make_entry()
-        store.put_pending("db-a", a, ["sha256:p1"])
-        store.put_pending("db-a", b, ["sha256:p2"])
-        store.put_pending("db-a", a, ["sha256:p3"])
-        assert store.pending("db-a") == [(a, ("sha256:p3",)), (b, ("sha256:p2",))]
+        a, b, c = make_entry(), make_entry(), make_entry()
+        store.put_pending("db-a", a, ["sha256:p1"], author="k1", source="peer:x", received_ms=10)
+        store.put_pending("db-a", b, ["sha256:p2"], author="k2", source="local", received_ms=20)
+        store.put_pending("db-a", c, ["sha256:p4"])
+        # a new copy of a (other payloads, so another size) with every field changed
+        a2 = StoredEntry(a.id, a.header, {"memory": b"short", "meta": None})
+        store.put_pending("db-a", a2, ["sha256:p3", "sha256:p5"], author="k9", source="peer:y", received_ms=30)
+        assert store.pending("db-a") == [
+            PendingRecord(a.id, "k9", "peer:y", 30, a2.size, ("sha256:p3", "sha256:p5")),
+            PendingRecord(b.id, "k2", "local", 20, b.size, ("sha256:p2",)),
+            PendingRecord(c.id, "", "", 0, c.size, ("sha256:p4",)),
+        ]
+        assert a2.size != a.size
+        assert store.get_pending("db-a", a.id) == a2
+        # replacing with the defaults resets the labels too (no field is kept from before)
+        store.put_pending("db-a", b, [])
+        assert store.pending("db-a")[1] == PendingRecord(b.id, "", "", 0, b.size, ())
+
+    def test_pending_returns_no_bytes(self, store):
+        entries = [make_entry(size=200, stores=("memory", "meta")) for _ in range(3)]
+        for e in entries:
+            store.put_pending("db-a", e, ["sha256:p"], author="k", source="peer:k", received_ms=5)
+        records = store.pending("db-a")
+        assert [r.id for r in records] == [e.id for e in entries]
+        for record, e in zip(records, entries):
+            assert type(record) is PendingRecord
+            values = dataclasses.astuple(record)
+            assert not any(isinstance(v, (bytes, bytearray, memoryview)) for v in values)
+            assert not hasattr(record, "header") and not hasattr(record, "payloads")
+            assert e.header.hex() not in repr(record) and repr(e.header) not in repr(record)
+
+    def test_get_pending(self, store):
+        a = make_entry(stores=("memory", "embeddings:p/m"))
+        b = StoredEntry("sha256:b", bytes(range(256)) + b"\x00", {"z": b"", "a": None, "m": b"\x00\xff"})
+        store.put_pending("db-a", a, ["sha256:p"])
+        store.put_pending("db-a", b, [])
+        got = store.get_pending("db-a", b.id)
+        assert got == b
+        assert type(got.header) is bytes and got.header == b.header
+        assert list(got.payloads) == ["a", "m", "z"] and got.payloads["a"] is None
+        assert all(type(v) is bytes for v in got.payloads.values() if v is not None)
+        with pytest.raises(TypeError):
+            got.payloads["a"] = b"x"  # type: ignore[index]
+        assert store.get_pending("db-a", a.id) == a
+        assert store.get_pending("db-a", "sha256:unknown") is None
+        store.append("db-a", [make_entry()])
+        logged = next(store.entries("db-a"))
+        assert store.get_pending("db-a", logged.id) is None  # the log is not the pending area
+        store.drop_pending("db-a", [b.id])
+        assert store.get_pending("db-a", b.id) is None
+        store.append("db-a", [a], drop_pending=[a.id])
+        assert store.get_pending("db-a", a.id) is None and store.get("db-a", a.id) == a
+        assert store.pending("db-a") == []
+        with pytest.raises(TypeError):
+            store.get_pending("db-a", None)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            store.get_pending("db-a", "")
+
+    def test_pending_with_no_missing_parents(self, store):
+        # An entry that waits for payloads only.
+        a = make_entry()
+        store.put_pending("db-a", a, [], source="local", received_ms=7)
+        store.put_pending("db-a", make_entry(), ())
+        assert store.pending("db-a")[0] == PendingRecord(a.id, "", "local", 7, a.size, ())
+        assert store.pending("db-a")[1].missing == ()
+        assert store.get_pending("db-a", a.id) == a
 
     def test_pending_per_database(self, store):
         store.add_database("db-b")
         a = make_entry()
-        store.put_pending("db-a", a, ["sha256:p"])
+        store.put_pending("db-a", a, ["sha256:p"], author="k")
         assert store.pending("db-b") == []
+        assert store.get_pending("db-b", a.id) is None
         store.put_pending("db-b", a, [])
-        assert store.pending("db-b") == [(a, ())]
+        assert store.pending("db-b") == [PendingRecord(a.id, "", "", 0, a.size, ())]
+        assert store.pending("db-a") == [PendingRecord(a.id, "k", "", 0, a.size, ("sha256:p",))]
 
     def test_drop_pending(self, store):
         a, b, c = make_entry(), make_entry(), make_entry()
         for e in (a, b, c):
             store.put_pending("db-a", e, ["sha256:p"])
         store.drop_pending("db-a", [b.id, "sha256:never-pending"])
-        assert [e.id for e, _ in store.pending("db-a")] == [a.id, c.id]
+        assert [r.id for r in store.pending("db-a")] == [a.id, c.id]
         store.drop_pending("db-a", [])
         store.drop_pending("db-a", [a.id, c.id])
         assert store.pending("db-a") == []
@@ -315,9 +484,48 @@ class StorageConformance:
         store.put_pending("db-a", a, ["sha256:p"])
         store.put_pending("db-a", b, ["sha256:p"])
         assert store.append("db-a", [a], drop_pending=[a.id]) == 1
-        assert [e.id for e, _ in store.pending("db-a")] == [b.id]
+        assert [r.id for r in store.pending("db-a")] == [b.id]
         assert store.get("db-a", a.id) == a
         assert store.append("db-a", [], drop_pending=[b.id]) == 0
+        assert store.pending("db-a") == []
+
+    @pytest.mark.parametrize(
+        "kwargs, exc",
+        [
+            ({"author": 5}, TypeError),
+            ({"author": b"key"}, TypeError),
+            ({"author": None}, TypeError),
+            ({"author": "a\x00b"}, ValueError),
+            ({"author": "\ud800"}, ValueError),
+            ({"source": 1.0}, TypeError),
+            ({"source": "peer:\x00"}, ValueError),
+            ({"received_ms": -1}, ValueError),
+            ({"received_ms": 2**63}, ValueError),
+            ({"received_ms": 1.5}, TypeError),
+            ({"received_ms": True}, TypeError),
+            ({"received_ms": "5"}, TypeError),
+            ({"received_ms": None}, TypeError),
+            ({"missing": "sha256:abc"}, TypeError),  # a bare str
+            ({"missing": ["sha256:a", ""]}, ValueError),
+            ({"missing": ["sha256:a", 7]}, TypeError),
+            ({"entry": "not an entry"}, TypeError),
+        ],
+    )
+    def test_put_pending_bad_arguments_change_nothing(self, store, kwargs, exc):
+        a, b = make_entry(), make_entry()
+        store.put_pending("db-a", a, ["sha256:p"], author="k", source="local", received_ms=3)
+        before = store.pending("db-a")
+        call = {"entry": a, "missing": ["sha256:q"], "author": "k2", "source": "peer:x", "received_ms": 9, **kwargs}
+        for target in (a, b):  # replacing an existing pending entry, and adding a new one
+            args = {**call, "entry": kwargs.get("entry", target)}
+            with pytest.raises(exc):
+                store.put_pending("db-a", args.pop("entry"), args.pop("missing"), **args)
+        assert store.pending("db-a") == before
+        assert store.get_pending("db-a", a.id) == a and store.get_pending("db-a", b.id) is None
+
+    def test_put_pending_labels_are_keyword_only(self, store):
+        with pytest.raises(TypeError):
+            store.put_pending("db-a", make_entry(), [], "key:alice")  # type: ignore[misc]
         assert store.pending("db-a") == []
 
     def test_pending_bound_entries(self, location):
@@ -330,7 +538,7 @@ class StorageConformance:
         with pytest.raises(StorageError, match="pending area full") as info:
             s.put_pending("d", entries[3], ["sha256:p"])
         assert "3 entries" in str(info.value)
-        assert [e.id for e, _ in s.pending("d")] == [e.id for e in entries[:3]]
+        assert [r.id for r in s.pending("d")] == [e.id for e in entries[:3]]
         s.put_pending("d", entries[0], ["sha256:q"])  # replacing does not grow the count
         s.put_pending("other", entries[3], [])  # the bound is per database
         s.drop_pending("d", [entries[1].id])
@@ -354,10 +562,11 @@ class StorageConformance:
         assert "1001 bytes" in str(info.value)
         # growing an existing pending entry counts only the difference
         with pytest.raises(StorageError, match="pending area full"):
-            s.put_pending("d", StoredEntry("sha256:small", b"h" * 101, {"memory": b"x" * 300}), [])
+            s.put_pending("d", StoredEntry("sha256:small", b"h" * 101, {"memory": b"x" * 300}), [], author="k")
+        assert s.pending("d")[1] == PendingRecord("sha256:small", "", "", 0, 400, ("sha256:p",))  # unchanged
         s.put_pending("d", StoredEntry("sha256:small", b"h" * 50, {"memory": b"x" * 300}), [])
         s.put_pending("d", StoredEntry("sha256:one", b"h" * 50, {}), [])  # 600+350+50 = 1000
-        assert [e.id for e, _ in s.pending("d")] == ["sha256:big", "sha256:small", "sha256:one"]
+        assert [r.id for r in s.pending("d")] == ["sha256:big", "sha256:small", "sha256:one"]
         with pytest.raises(StorageError, match="pending area full"):
             s.put_pending("d", StoredEntry("sha256:huge", b"h" * 2000, {}), [])
         s.close()
@@ -392,6 +601,79 @@ class StorageConformance:
             store.put_local("ns", k, k.encode())
         assert [k for k, _ in store.items_local("ns")] == sorted(keys)
 
+    def test_put_local_many(self, store):
+        store.put_local("ns", "old", b"before")
+        store.put_local("ns", "kept", b"k")
+        store.put_local_many("ns", [("a", b"1"), ("old", bytearray(b"after")), ("é", memoryview(b"3"))])
+        assert store.items_local("ns") == [("a", b"1"), ("kept", b"k"), ("old", b"after"), ("é", b"3")]
+        assert all(type(v) is bytes for _, v in store.items_local("ns"))
+        store.put_local_many("ns", (pair for pair in [("dup", b"first"), ("dup", b"last")]))  # last wins
+        assert store.get_local("ns", "dup") == b"last"
+        store.put_local_many("other", {"x": b"from a dict"}.items())
+        assert store.items_local("other") == [("x", b"from a dict")]
+        before = store.items_local("ns")
+        store.put_local_many("ns", [])
+        store.put_local_many("empty", [])
+        assert store.items_local("ns") == before and store.items_local("empty") == []
+
+    @pytest.mark.parametrize(
+        "bad, exc",
+        [
+            (("k", "text"), TypeError),
+            (("k", None), TypeError),
+            ((5, b"v"), TypeError),
+            (("", b"v"), ValueError),
+            (("a\x00", b"v"), ValueError),
+            (("\ud800", b"v"), ValueError),
+            (("k", b"v", b"extra"), TypeError),
+            (("k",), TypeError),
+            (["k", b"v"], TypeError),  # pairs are tuples
+            ("kv", TypeError),
+        ],
+    )
+    def test_put_local_many_atomic(self, store, bad, exc):
+        store.put_local("ns", "a", b"before")
+        batch = [("a", b"changed"), ("b", b"new"), bad, ("c", b"new")]
+        with pytest.raises(exc):
+            store.put_local_many("ns", batch)
+        assert store.items_local("ns") == [("a", b"before")]
+        store.put_local_many("ns", batch[:2])  # still works
+        assert store.items_local("ns") == [("a", b"changed"), ("b", b"new")]
+
+    def test_put_local_many_atomic_when_iterable_fails(self, store):
+        def batch():
+            yield ("a", b"1")
+            yield ("b", b"2")
+            raise RuntimeError("producer failed")
+
+        with pytest.raises(RuntimeError):
+            store.put_local_many("ns", batch())
+        assert store.items_local("ns") == []
+
+    @pytest.mark.parametrize(
+        "ns, items, exc",
+        [
+            ("", [("k", b"v")], ValueError),
+            (5, [("k", b"v")], TypeError),
+            ("ns", "kv", TypeError),  # a bare str
+            ("ns", b"kv", TypeError),
+            ("ns", {"k": b"v"}, TypeError),  # a mapping: pass .items()
+            ("ns", None, TypeError),
+            ("ns", 5, TypeError),
+        ],
+    )
+    def test_put_local_many_bad_arguments(self, store, ns, items, exc):
+        with pytest.raises(exc):
+            store.put_local_many(ns, items)
+        assert store.items_local("ns") == [] and store.items_local("k") == []
+
+    def test_put_local_many_survives_reopen(self, location):
+        s = self.open_storage(location)
+        s.put_local_many("ns", [(f"k{i:03}", bytes([i])) for i in range(200)])
+        s = self.reopen(s, location)
+        assert s.items_local("ns") == [(f"k{i:03}", bytes([i])) for i in range(200)]
+        s.close()
+
     # ----------------------------------------------------------------- lifecycle
 
     def test_reopen_gives_identical_state(self, location):
@@ -402,20 +684,31 @@ class StorageConformance:
         s.append("d1", log[:20])
         s.append("d2", log[10:])
         s.erase_payload("d1", log[3].id, "memory")
-        s.put_pending("d1", make_entry(), ["sha256:a", "sha256:b"])
+        s.put_pending("d1", make_entry(), ["sha256:a", "sha256:b"], author="k", source="peer:p", received_ms=99)
+        s.put_pending("d1", make_entry(stores=("memory", "meta")), [], source="local", received_ms=2**63 - 1)
         s.put_pending("d2", make_entry(), [])
         s.put_local("ns", "k", b"v")
-        s.put_local("ns2", "k", b"w")
+        s.put_local_many("ns2", [("k", b"w"), ("l", b"")])
 
         def snapshot(st: Storage):
             return (
                 st.databases(),
-                {d: (list(st.entries(d)), st.count(d), st.pending(d)) for d in st.databases()},
+                {
+                    d: (
+                        list(st.entries(d)),
+                        st.count(d),
+                        st.pending(d),
+                        [st.get_pending(d, r.id) for r in st.pending(d)],
+                    )
+                    for d in st.databases()
+                },
                 st.items_local("ns"),
                 st.items_local("ns2"),
             )
 
         expected = snapshot(s)
+        assert [r.author for r in expected[1]["d1"][2]] == ["k", ""]
+        assert all(expected[1]["d1"][3])
         s = self.reopen(s, location, max_pending=50)
         assert snapshot(s) == expected
         assert s.append("d1", log) == 10  # still appendable, dedup still works
@@ -433,6 +726,11 @@ class StorageConformance:
             lambda: s.count("d"),
             lambda: s.get_local("n", "k"),
             lambda: s.put_local("n", "k", b""),
+            lambda: s.put_local_many("n", [("k", b"")]),
+            lambda: s.fill_payload("d", "sha256:x", "memory", b""),
+            lambda: s.put_pending("d", make_entry(), []),
+            lambda: s.pending("d"),
+            lambda: s.get_pending("d", "sha256:x"),
         ]:
             with pytest.raises(StorageError, match="closed"):
                 call()

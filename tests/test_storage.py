@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from crdt.errors import StorageError
-from crdt.storage import MemoryStorage, Storage, StoredEntry
-from node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage
+from crdt.storage import MemoryStorage, PendingRecord, Storage, StoredEntry
+from node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage, _statements
 
 try:
     from storage_conformance import StorageConformance, make_entry
@@ -54,6 +54,9 @@ def test_pragmas_and_schema(tmp_path):
     assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"databases", "entries", "payloads", "pending", "pending_payloads", "pending_missing", "local"} <= tables
+    columns = {r[1]: (r[2], r[3]) for r in raw.execute("PRAGMA table_info(pending)")}  # name: (type, notnull)
+    assert columns["author"] == ("TEXT", 1) and columns["source"] == ("TEXT", 1)
+    assert columns["received"] == ("INTEGER", 1)
     raw.close()
 
 
@@ -201,6 +204,176 @@ def test_header_bytes_kept_exactly(tmp_path):
     s.close()
 
 
+# --------------------------------------------------------------------------- migration
+
+# The schema of storage version 1, exactly as memmesh wrote it (node/storage.py before the
+# pending table gained author, source and received): a fixture, never to be edited.
+_SCHEMA_V1 = """
+CREATE TABLE databases (
+    seq    INTEGER PRIMARY KEY,
+    db_id  TEXT NOT NULL UNIQUE
+);
+CREATE TABLE entries (
+    seq    INTEGER PRIMARY KEY,          -- the rowid: append order
+    db     INTEGER NOT NULL REFERENCES databases(seq),
+    id     TEXT NOT NULL,
+    header BLOB NOT NULL,                -- exact signed bytes
+    UNIQUE (db, id)
+);
+CREATE TABLE payloads (
+    entry  INTEGER NOT NULL REFERENCES entries(seq),
+    store  TEXT NOT NULL,
+    data   BLOB,                         -- NULL = erased
+    PRIMARY KEY (entry, store)
+) WITHOUT ROWID;
+CREATE TABLE pending (
+    seq    INTEGER PRIMARY KEY,
+    db     INTEGER NOT NULL REFERENCES databases(seq),
+    id     TEXT NOT NULL,
+    header BLOB NOT NULL,
+    size   INTEGER NOT NULL,             -- StoredEntry.size, for the byte bound
+    UNIQUE (db, id)
+);
+CREATE TABLE pending_payloads (
+    pending INTEGER NOT NULL REFERENCES pending(seq) ON DELETE CASCADE,
+    store   TEXT NOT NULL,
+    data    BLOB,
+    PRIMARY KEY (pending, store)
+) WITHOUT ROWID;
+CREATE TABLE pending_missing (
+    pending  INTEGER NOT NULL REFERENCES pending(seq) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    parent   TEXT NOT NULL,
+    PRIMARY KEY (pending, position)
+) WITHOUT ROWID;
+CREATE INDEX pending_missing_parent ON pending_missing (parent);
+CREATE TABLE pending_totals (                -- kept by the triggers below: O(1) bound checks
+    db    INTEGER PRIMARY KEY REFERENCES databases(seq),
+    count INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+);
+CREATE TRIGGER pending_added AFTER INSERT ON pending BEGIN
+    UPDATE pending_totals SET count = count + 1, bytes = bytes + NEW.size WHERE db = NEW.db;
+END;
+CREATE TRIGGER pending_removed AFTER DELETE ON pending BEGIN
+    UPDATE pending_totals SET count = count - 1, bytes = bytes - OLD.size WHERE db = OLD.db;
+END;
+CREATE TRIGGER pending_resized AFTER UPDATE OF size ON pending BEGIN
+    UPDATE pending_totals SET bytes = bytes - OLD.size + NEW.size WHERE db = NEW.db;
+END;
+CREATE TABLE local (
+    ns    TEXT NOT NULL,
+    key   TEXT NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (ns, key)
+) WITHOUT ROWID;
+"""
+
+
+def _write_v1_file(path: Path) -> dict:
+    """A real version-1 file with entries (one payload erased), pending entries and local
+    records, written with plain SQL as memmesh 1 wrote it. Returns what it holds."""
+    log = [make_entry(stores=("memory", "meta")), make_entry(), make_entry()]
+    waiting = [make_entry(stores=("memory", "meta")), make_entry()]
+    missing = [("sha256:p1", "sha256:p2"), ()]
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("PRAGMA journal_mode=WAL")
+    raw.execute("BEGIN")
+    for statement in _statements(_SCHEMA_V1):
+        raw.execute(statement)
+    raw.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    raw.execute("PRAGMA user_version=1")
+    for db_id in ("d1", "d2"):
+        seq = raw.execute("INSERT INTO databases (db_id) VALUES (?)", (db_id,)).lastrowid
+        raw.execute("INSERT INTO pending_totals (db, count, bytes) VALUES (?, 0, 0)", (seq,))
+    for e in log:
+        seq = raw.execute("INSERT INTO entries (db, id, header) VALUES (1, ?, ?)", (e.id, e.header)).lastrowid
+        for store, data in e.payloads.items():
+            raw.execute("INSERT INTO payloads (entry, store, data) VALUES (?, ?, ?)", (seq, store, data))
+    raw.execute("UPDATE payloads SET data = NULL WHERE entry = 1 AND store = 'memory'")  # erased
+    for e, parents in zip(waiting, missing):
+        seq = raw.execute(
+            "INSERT INTO pending (db, id, header, size) VALUES (1, ?, ?, ?)", (e.id, e.header, e.size)
+        ).lastrowid
+        for store, data in e.payloads.items():
+            raw.execute("INSERT INTO pending_payloads (pending, store, data) VALUES (?, ?, ?)", (seq, store, data))
+        for i, parent in enumerate(parents):
+            raw.execute("INSERT INTO pending_missing (pending, position, parent) VALUES (?, ?, ?)", (seq, i, parent))
+    raw.execute("INSERT INTO local (ns, key, value) VALUES ('creds', 'k', x'00ff'), ('sync', 'é', x'')")
+    raw.execute("COMMIT")
+    raw.close()
+    erased = StoredEntry(log[0].id, log[0].header, {"memory": None, "meta": log[0].payloads["meta"]})
+    return {"log": [erased, *log[1:]], "waiting": waiting, "missing": missing}
+
+
+def test_version_1_file_is_migrated_in_place(tmp_path):
+    path = tmp_path / "n.sqlite"
+    held = _write_v1_file(path)
+    s = SqliteStorage(path, max_pending=3)
+    # everything the version-1 file held is found
+    assert s.databases() == ["d1", "d2"]
+    assert list(s.entries("d1")) == held["log"] and s.count("d2") == 0
+    assert s.pending("d1") == [
+        PendingRecord(e.id, "", "", 0, e.size, parents) for e, parents in zip(held["waiting"], held["missing"])
+    ]
+    assert [s.get_pending("d1", e.id) for e in held["waiting"]] == held["waiting"]
+    assert s.items_local("creds") == [("k", b"\x00\xff")] and s.items_local("sync") == [("é", b"")]
+    # the file is now version 2, with the same pending table as a new file
+    fresh = SqliteStorage(tmp_path / "fresh.sqlite")
+    table = lambda st: st._conn.execute("PRAGMA table_info(pending)").fetchall()  # noqa: E731
+    assert table(s) == table(fresh)
+    fresh.close()
+    assert s._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    # the new fields work, and the old pending entries still count toward the bound
+    new = make_entry()
+    s.put_pending("d1", new, [], author="key:a", source="peer:b", received_ms=1234)
+    with pytest.raises(StorageError, match="pending area full"):
+        s.put_pending("d1", make_entry(), [])
+    s.put_pending("d1", held["waiting"][1], ["sha256:p3"], author="key:c", source="local", received_ms=5)
+    s.fill_payload("d1", held["log"][0].id, "memory", b"refetched")
+    s.close()
+    s = SqliteStorage(path, max_pending=3)  # a migrated file opens as a plain version-2 file
+    assert s.pending("d1") == [
+        PendingRecord(held["waiting"][0].id, "", "", 0, held["waiting"][0].size, ("sha256:p1", "sha256:p2")),
+        PendingRecord(held["waiting"][1].id, "key:c", "local", 5, held["waiting"][1].size, ("sha256:p3",)),
+        PendingRecord(new.id, "key:a", "peer:b", 1234, new.size, ()),
+    ]
+    assert s.get("d1", held["log"][0].id).payloads["memory"] == b"refetched"
+    assert s.append("d1", [s.get_pending("d1", new.id)], drop_pending=[new.id]) == 1
+    assert len(s.pending("d1")) == 2
+    s.close()
+
+
+def test_failed_migration_leaves_the_file_at_version_1(tmp_path):
+    """The migration is one transaction: when its last step fails, the steps before it are
+    rolled back too and the file is still a readable version-1 file."""
+    path = tmp_path / "n.sqlite"
+    held = _write_v1_file(path)
+    raw = sqlite3.connect(path)
+    raw.execute("ALTER TABLE pending ADD COLUMN received INTEGER")  # the last step will clash
+    raw.commit()
+    raw.close()
+    with pytest.raises(StorageError, match="cannot migrate .* from storage schema version 1 to 2.*unchanged"):
+        SqliteStorage(path)
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+    columns = [r[1] for r in raw.execute("PRAGMA table_info(pending)")]
+    assert "author" not in columns and "source" not in columns
+    assert raw.execute("SELECT count(*) FROM entries").fetchone()[0] == len(held["log"])
+    assert raw.execute("SELECT count(*) FROM pending").fetchone()[0] == len(held["waiting"])
+    raw.close()
+
+
+def test_unknown_old_schema_version_refused(tmp_path):
+    path = tmp_path / "n.sqlite"
+    _write_v1_file(path)
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version=0")
+    raw.close()
+    with pytest.raises(StorageError, match="unknown storage schema version 0"):
+        SqliteStorage(path)
+
+
 # --------------------------------------------------------------------------- model-based
 
 DBS = ["d1", "d2", "d3"]
@@ -209,6 +382,7 @@ STORES = ["memory", "meta", "embeddings:p/m"]
 NSS = ["creds", "sync"]
 KEYS = ["a", "B", "é", "\U0001f600", "k0", "k1"]
 LIMITS = {"max_pending": 4, "max_pending_bytes": 400}
+LABELS = ["", "key:a", "peer:key:b", "local", "é\U0001f600"]
 
 entry_strategy = st.builds(
     StoredEntry,
@@ -265,9 +439,25 @@ class SameBehaviour(RuleBasedStateMachine):
     def erase(self, db, entry_id, store):
         self.both(lambda s: s.erase_payload(db, entry_id, store))
 
-    @rule(db=st.sampled_from(DBS), entry=entry_strategy, missing=st.lists(st.sampled_from(IDS), max_size=3))
-    def put_pending(self, db, entry, missing):
-        self.both(lambda s: s.put_pending(db, entry, missing))
+    @rule(
+        db=st.sampled_from(DBS),
+        entry=entry_strategy,
+        missing=st.lists(st.sampled_from(IDS), max_size=3),
+        author=st.sampled_from(LABELS),
+        source=st.sampled_from(LABELS),
+        received_ms=st.integers(0, 2**63 - 1) | st.sampled_from([-1, 2**63]),  # and out of range
+    )
+    def put_pending(self, db, entry, missing, author, source, received_ms):
+        self.both(lambda s: s.put_pending(db, entry, missing, author=author, source=source, received_ms=received_ms))
+
+    @rule(
+        db=st.sampled_from(DBS),
+        entry_id=st.sampled_from(IDS),
+        store=st.sampled_from(STORES),
+        data=st.binary(max_size=30),
+    )
+    def fill(self, db, entry_id, store, data):
+        self.both(lambda s: s.fill_payload(db, entry_id, store, data))
 
     @rule(db=st.sampled_from(DBS), ids=st.lists(st.sampled_from(IDS), max_size=4))
     def drop_pending(self, db, ids):
@@ -276,6 +466,16 @@ class SameBehaviour(RuleBasedStateMachine):
     @rule(ns=st.sampled_from(NSS), key=st.sampled_from(KEYS), value=st.binary(max_size=20))
     def put_local(self, ns, key, value):
         self.both(lambda s: s.put_local(ns, key, value))
+
+    @rule(
+        ns=st.sampled_from(NSS),
+        items=st.lists(st.tuples(st.sampled_from(KEYS), st.binary(max_size=20)), max_size=4),
+        bad_at=st.none() | st.integers(0, 4),
+    )
+    def put_local_many(self, ns, items, bad_at):
+        if bad_at is not None:
+            items.insert(min(bad_at, len(items)), ("k0", "not bytes"))
+        self.both(lambda s: s.put_local_many(ns, items))
 
     @rule(ns=st.sampled_from(NSS), key=st.sampled_from(KEYS))
     def delete_local(self, ns, key):
@@ -297,7 +497,7 @@ class SameBehaviour(RuleBasedStateMachine):
                         list(s.entries(d)),
                         s.count(d),
                         s.pending(d),
-                        [(s.has(d, i), s.get(d, i)) for i in IDS],
+                        [(s.has(d, i), s.get(d, i), s.get_pending(d, i)) for i in IDS],
                     )
                     for d in dbs
                 },

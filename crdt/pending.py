@@ -1,0 +1,219 @@
+"""The pending area: entries that wait for missing parents or for their payloads.
+
+An entry whose parents are unknown cannot be judged yet, and one that arrived without a
+payload cannot be applied; both wait here until what they lack arrives. Anyone can send such
+entries (a throwaway key's orphans whose parents never come), so the area is bounded at three
+levels, each by entries and bytes: per author, per source (the peer that delivered them), and
+per database. When a bound would be exceeded the area makes room by evicting, oldest first:
+the author's own entries at the author level, the largest author's within the source at the
+source level, the largest source's at the database level. So a flood only ever displaces
+entries of whoever sends or signs the most, never another source's or author's fair share.
+Entries also expire after ``ttl_ms``. An evicted or expired entry is not lost for good: it is
+not in the log, so the peer that has it sends it again on the next sync.
+
+Only metadata lives in memory (``PendingRecord``); headers and payloads stay in storage and
+are read back when the entry can proceed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from crdt.errors import StorageError
+from crdt.storage import PendingRecord, Storage, StoredEntry
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PendingLimits:
+    """Bounds of the pending area of one database (see docs/security.md for why these)."""
+
+    author_entries: int = 512
+    author_bytes: int = 8 * MiB
+    source_entries: int = 2048
+    source_bytes: int = 32 * MiB
+    total_entries: int = 8192
+    total_bytes: int = 64 * MiB
+    ttl_ms: int = 30 * 60 * 1000
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _Tally:
+    """Entry ids (in arrival order) and their bytes, for one author or one source."""
+
+    __slots__ = ("ids", "bytes")
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.bytes = 0
+
+    def add(self, entry_id: str, size: int) -> None:
+        self.ids[entry_id] = size
+        self.bytes += size
+
+    def remove(self, entry_id: str) -> None:
+        size = self.ids.pop(entry_id, None)
+        if size is not None:
+            self.bytes -= size
+
+
+class PendingArea:
+    def __init__(self, storage: Storage, db_id: str, limits: PendingLimits | None = None,
+                 clock: Callable[[], int] = _now_ms) -> None:
+        self._storage = storage
+        self._db = db_id
+        self.limits = limits or PendingLimits()
+        self._clock = clock
+        self._records: dict[str, PendingRecord] = {}  # arrival order
+        self._waiting: dict[str, set[str]] = {}  # missing parent -> pending ids
+        self._authors: dict[str, _Tally] = {}
+        self._sources: dict[str, _Tally] = {}
+        self._bytes = 0
+        self._last_expiry = 0
+
+    # ------------------------------------------------------------------------- state
+    def load(self) -> None:
+        self._records.clear()
+        self._waiting.clear()
+        self._authors.clear()
+        self._sources.clear()
+        self._bytes = 0
+        for record in self._storage.pending(self._db):
+            self._index(record)
+
+    def _index(self, record: PendingRecord) -> None:
+        self._records[record.id] = record
+        for parent in record.missing:
+            self._waiting.setdefault(parent, set()).add(record.id)
+        self._authors.setdefault(record.author, _Tally()).add(record.id, record.size)
+        self._sources.setdefault(record.source, _Tally()).add(record.id, record.size)
+        self._bytes += record.size
+
+    def _unindex(self, entry_id: str) -> PendingRecord | None:
+        record = self._records.pop(entry_id, None)
+        if record is None:
+            return None
+        for parent in record.missing:
+            ids = self._waiting.get(parent)
+            if ids is not None:
+                ids.discard(entry_id)
+                if not ids:
+                    del self._waiting[parent]
+        for tallies, name in ((self._authors, record.author), (self._sources, record.source)):
+            tally = tallies[name]
+            tally.remove(entry_id)
+            if not tally.ids:
+                del tallies[name]
+        self._bytes -= record.size
+        return record
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def record(self, entry_id: str) -> PendingRecord | None:
+        return self._records.get(entry_id)
+
+    def records(self) -> list[PendingRecord]:
+        return list(self._records.values())
+
+    def waiting_on(self, entry_id: str) -> set[str]:
+        """Pending entries that name ``entry_id`` as a missing parent."""
+        return set(self._waiting.get(entry_id, ()))
+
+    def is_wanted(self, entry_id: str) -> bool:
+        return entry_id in self._waiting
+
+    def missing_parents(self) -> set[str]:
+        """Ids some pending entry waits for (what sync should fetch)."""
+        return set(self._waiting)
+
+    def stored(self, entry_id: str) -> StoredEntry | None:
+        return self._storage.get_pending(self._db, entry_id)
+
+    # ------------------------------------------------------------------------- changes
+    def put(self, entry: StoredEntry, author: str, missing: Iterable[str], source: str) -> list[str]:
+        """Keep ``entry`` until what it misses arrives; returns the ids evicted to make room.
+
+        Raises StorageError if the storage's own backstop refuses it.
+        """
+        missing_t = tuple(missing)
+        old = self._records.get(entry.id)
+        received = old.received_ms if old is not None else self._clock()
+        if old is not None:
+            self._unindex(entry.id)
+        record = PendingRecord(entry.id, author, source, received, entry.size, missing_t)
+        evicted = self._make_room(record)
+        if evicted:
+            self._storage.drop_pending(self._db, evicted)
+        try:
+            self._storage.put_pending(self._db, entry, missing_t, author=author, source=source,
+                                      received_ms=received)
+        except StorageError:
+            if old is not None:
+                self._storage.drop_pending(self._db, [entry.id])
+            raise
+        self._index(record)
+        return evicted
+
+    def _make_room(self, new: PendingRecord) -> list[str]:
+        lim = self.limits
+        evicted: list[str] = []
+
+        def evict(entry_id: str) -> None:
+            self._unindex(entry_id)
+            evicted.append(entry_id)
+
+        author = self._authors.get(new.author)
+        while author and (len(author.ids) + 1 > lim.author_entries or author.bytes + new.size > lim.author_bytes):
+            evict(next(iter(author.ids)))
+            author = self._authors.get(new.author)
+        source = self._sources.get(new.source)
+        while source and (len(source.ids) + 1 > lim.source_entries or source.bytes + new.size > lim.source_bytes):
+            # The largest author within this source gives way first.
+            in_source: dict[str, int] = {}
+            for entry_id in source.ids:
+                a = self._records[entry_id].author
+                in_source[a] = in_source.get(a, 0) + 1
+            biggest = max(in_source, key=lambda a: (in_source[a], a))
+            evict(next(i for i in source.ids if self._records[i].author == biggest))
+            source = self._sources.get(new.source)
+        while self._records and (len(self._records) + 1 > lim.total_entries or self._bytes + new.size > lim.total_bytes):
+            biggest_source = max(self._sources, key=lambda s: (self._sources[s].bytes, s))
+            evict(next(iter(self._sources[biggest_source].ids)))
+        return evicted
+
+    def forget(self, entry_ids: Iterable[str]) -> None:
+        """Drop from memory entries that left storage's pending area (stored or dropped)."""
+        for entry_id in entry_ids:
+            self._unindex(entry_id)
+
+    def drop(self, entry_ids: Iterable[str]) -> None:
+        ids = [i for i in entry_ids if i in self._records]
+        if ids:
+            self._storage.drop_pending(self._db, ids)
+            self.forget(ids)
+
+    def expire(self) -> list[str]:
+        """Drop entries older than the time to live; returns their ids."""
+        now = self._clock()
+        # A scan of the whole area, so at most once a second.
+        if not self._records or now - self._last_expiry < 1000:
+            return []
+        self._last_expiry = now
+        cutoff = now - self.limits.ttl_ms
+        old = [r.id for r in self._records.values() if r.received_ms < cutoff]
+        self.drop(old)
+        return old
+

@@ -615,7 +615,8 @@ class Database:
                     else:
                         result.duplicates += 1
                     continue
-                entry = self._with_pending_copy(entry)
+                if self._pending:
+                    entry = self._with_pending_copy(entry)
                 missing = [p for p in entry.parents if p not in self._nodes]
                 if entry.prev is not None and entry.prev not in self._nodes and entry.prev not in missing:
                     missing.append(entry.prev)
@@ -650,17 +651,18 @@ class Database:
                 except RejectedError as exc:
                     refuse(entry.id, exc)
                     continue
-                if entry.id in self._pending:
+                if self._pending and entry.id in self._pending:
                     from_pending.append(entry.id)
                     self._pending.forget([entry.id])
-                # A payload an accepted erase already covers is never stored again.
-                payloads = {s: (None if p is None or self._is_erased(entry.id, s, node.author_key) else p)
-                            for s, p in entry.payloads.items()}
-                for store in entry.stores:
-                    self._pending_covers.pop((entry.id, store), None)
-                absent = {s for s, p in payloads.items() if p is None}
-                if absent:
-                    self._absent[entry.id] = absent
+                payloads = entry.payloads
+                if self._erased:  # a payload an accepted erase already covers is never stored again
+                    payloads = {s: (None if p is None or self._is_erased(entry.id, s, node.author_key) else p)
+                                for s, p in payloads.items()}
+                if self._pending_covers:
+                    for store in entry.stores:
+                        self._pending_covers.pop((entry.id, store), None)
+                if None in payloads.values():
+                    self._absent[entry.id] = {s for s, p in payloads.items() if p is None}
                 staged.append(StoredEntry(entry.id, entry.header, payloads))
                 if outcome == "rebuild" or node.erases:
                     rebuild = True
@@ -670,14 +672,16 @@ class Database:
                 else:
                     result.stored_rejected.append(entry.id)
                     gc_fill.append(node)
-                # Entries that waited for this one can now be considered.
-                for waiting_id in sorted(self._pending.waiting_on(entry.id)):
-                    record = self._pending.record(waiting_id)
-                    if record is None or any(p not in self._nodes for p in record.missing):
-                        continue
-                    queue.append(self._pending_entry(waiting_id))
-                # ... and so can entries that waited for a payload this entry erases.
-                queue.extend(self._ready_targets(node.erases))
+                if self._pending:
+                    # Entries that waited for this one can now be considered...
+                    for waiting_id in sorted(self._pending.waiting_on(entry.id)):
+                        record = self._pending.record(waiting_id)
+                        if record is None or any(p not in self._nodes for p in record.missing):
+                            continue
+                        queue.append(self._pending_entry(waiting_id))
+                    # ... and so can entries that waited for a payload this entry erases.
+                    if node.erases:
+                        queue.extend(self._ready_targets(node.erases))
             if staged or from_pending:
                 self.storage.append(self.id, staged, drop_pending=from_pending)
             for entry_id, store, update in fills:
@@ -799,7 +803,7 @@ class Database:
         # Structural checks, whatever the author's standing: nothing malformed is stored.
         ops, rows, erases = self._check_payloads(entry, author)
         size = len(entry.header) + sum(d.length for s, d in entry.stores.items() if entry.payloads.get(s) is not None)
-        wanted = self._pending.is_wanted(entry.id)
+        wanted = bool(self._pending) and self._pending.is_wanted(entry.id)
         forks = self._by_seq.get((author, entry.seq), ())
         if forks:
             # Equivocation: the two entries prove it; a third at the same seq adds nothing.
@@ -819,7 +823,7 @@ class Database:
             self._insert_node(node, {})
             self._count_unaccepted(author, size)
             return node, "candidate", {}
-        needs = ADMIN if any(op.author != author for op in erases) else WRITE
+        needs = ADMIN if erases and any(op.author != author for op in erases) else WRITE
         event = Event(entry.id, author, entry.seq, height, vv, ops, entry.is_root, needs)
         self._precheck(event)
         count, nbytes = self._unaccepted.get(author, (0, 0))

@@ -64,7 +64,7 @@ class RefusalLog:
             return
         self._load()
         at = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        writes: list[tuple[str, bytes]] = []
+        writes: dict[str, bytes] = {}  # a flood wraps the ring: write each slot once
         counts_for = self._counts.get(source)
         if counts_for is None:
             if len(self._counts) >= MAX_SOURCES:
@@ -76,16 +76,15 @@ class RefusalLog:
             refusal = Refusal(rid, reason, detail[:MAX_DETAIL], source, at)
             n = self._next
             self._next += 1
-            writes.append((f"slot:{n % self._capacity:06d}",
-                           msgpack.packb([n, rid, reason, refusal.detail, source, at])))
+            writes[f"slot:{n % self._capacity:06d}"] = msgpack.packb([n, rid, reason, refusal.detail, source, at])
             self._by_id.pop(rid, None)
             self._by_id[rid] = refusal
             counts_for[reason] = counts_for.get(reason, 0) + 1
         while len(self._by_id) > self._capacity:
             self._by_id.popitem(last=False)
-        writes.append(("next", msgpack.packb(self._next)))
-        writes.append(("counts", msgpack.packb(self._counts)))
-        self._storage.put_local_many(self._ns, writes)
+        writes["next"] = msgpack.packb(self._next)
+        writes["counts"] = msgpack.packb(self._counts)
+        self._storage.put_local_many(self._ns, list(writes.items()))
 
     def get(self, entry_id: str) -> Refusal | None:
         self._load()

@@ -204,6 +204,7 @@ class Database:
         self.storage = storage
         self.id = db_id
         self._listeners: list[Callable[[RowsAdded | Rebuilt], None]] = []
+        self._stored_listeners: list[Callable[[tuple[str, ...]], None]] = []
         self._refusals = RefusalLog(storage, db_id)
         self._pending = PendingArea(storage, db_id, pending_limits, clock or _now_ms)
         self._reset()
@@ -362,6 +363,67 @@ class Database:
     @property
     def equivocators(self) -> dict[str, int]:
         return dict(self._equivocators)
+
+    # ------------------------------------------------------------------ what sync reads
+    def evidence(self) -> dict[str, list[str]]:
+        """Per flagged author, the ids of its entries kept as evidence (bounded per author)."""
+        out: dict[str, list[str]] = {}
+        for author, fork in self._equivocators.items():
+            top = self._feed_top[author][0]
+            out[author] = sorted(i for seq in range(fork, top + 1) for i in self._by_seq.get((author, seq), ()))
+        return out
+
+    def missing_for(self, feeds: Mapping[str, tuple[int, str | None]],
+                    evidence: Mapping[str, Sequence[str]] | None = None,
+                    want: Iterable[str] = ()) -> list[str]:
+        """The stored entries a peer lacks, in T order (parents before children).
+
+        ``feeds`` is the peer's author -> (highest seq, its entry id); since every author's
+        entries form a hash-linked feed, the peer holds everything of an author up to that seq
+        when its head is one we hold there. Otherwise (a fork the peer holds) the peer's wanted
+        parents bring the rest. ``evidence``: the peer's evidence ids per flagged author, so that
+        both entries of a fork travel once. ``want``: ids the peer asks for (missing parents).
+        Cost grows with what is missing, not with the length of the history.
+        """
+        evidence = evidence or {}
+        missing: set[str] = {i for i in want if i in self._nodes}
+        for author, (top, _head) in self._feed_top.items():
+            peer_seq = feeds.get(author, (-1, None))[0]
+            for seq in range(peer_seq + 1, top + 1):
+                missing.update(self._by_seq.get((author, seq), ()))
+            if author in self._equivocators:
+                held = set(evidence.get(author, ())) | {feeds.get(author, (-1, None))[1]}
+                for seq in range(self._equivocators[author], min(peer_seq, top) + 1):
+                    missing.update(i for i in self._by_seq.get((author, seq), ()) if i not in held)
+        nodes = self._nodes
+        return sorted(missing, key=lambda i: (nodes[i].height, i))
+
+    def page(self, ids: Sequence[str], max_bytes: int) -> tuple[list[tuple[bytes, dict[str, bytes | None]]], int]:
+        """Entries to send, as (header, payloads), from the start of ``ids`` until ``max_bytes``
+        (at least one entry); returns them and how many ids they cover. Erased payloads travel
+        as erased (None)."""
+        out: list[tuple[bytes, dict[str, bytes | None]]] = []
+        total = 0
+        for entry_id in ids:
+            stored = self.storage.get(self.id, entry_id)
+            if stored is None:
+                raise StorageError(f"entry {entry_id} is indexed but not stored")
+            size = stored.size
+            if out and total + size > max_bytes:
+                break
+            out.append((stored.header, dict(stored.payloads)))
+            total += size
+        return out, len(out)
+
+    def height_of(self, entry_id: str) -> int | None:
+        node = self._nodes.get(entry_id)
+        return node.height if node else None
+
+    def on_stored(self, listener: Callable[[tuple[str, ...]], None]) -> Callable[[], None]:
+        """Call ``listener(ids)`` after each commit that stored entries (local or received);
+        returns a function that removes it. This is what the sync daemon pushes from."""
+        self._stored_listeners.append(listener)
+        return lambda: self._stored_listeners.remove(listener) if listener in self._stored_listeners else None
 
     def doc(self, store: str) -> pycrdt.Doc:
         """The derived pycrdt document of a store (read it; never write to it)."""
@@ -703,6 +765,10 @@ class Database:
             self._emit(Rebuilt())
         else:
             self._apply(new_rows, gc_fill)
+        if staged and self._stored_listeners:
+            ids = tuple(e.id for e in staged)
+            for listener in list(self._stored_listeners):
+                listener(ids)
         return result
 
     def _with_pending_copy(self, entry: Entry) -> Entry:

@@ -35,6 +35,7 @@ PUBLIC_KEY_LEN = 32
 # Signing domains. A new purpose gets a new domain; never reuse one.
 DOMAIN_ENTRY = b"entry"
 DOMAIN_SYNC_REQUEST = b"sync-request"
+DOMAIN_SYNC_RESPONSE = b"sync-response"
 DOMAIN_TICKET = b"ticket"
 
 _PREFIX = b"memmesh/v1\x00"

@@ -1,0 +1,328 @@
+"""The sync protocol as state machines, without sockets (as h11 is for HTTP).
+
+``SyncServer.handle(method, path, headers, body, now_ms)`` takes one request's bytes and the
+node's state and returns the response's bytes; ``Exchange`` is the client's side of one sync
+of one database with one peer: it says which request to send next and takes each reply. The
+aiohttp adapter (node/sync/http.py) only moves their bytes; tests and the many-peer simulator
+(bench/sim.py) drive them directly.
+
+One exchange: ``feeds`` (one round trip: each side learns from the other's per-author feed
+positions what it lacks), then ``pull`` pages until the server has nothing more after the
+cursor, then ``push`` pages of what the server lacks, then ``peers`` (peer exchange). Pages
+are bounded in bytes; cost grows with what is missing, not with the history.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from auth.keys import SigningKey
+from crdt.database import Database
+from crdt.errors import MemmeshError, RejectedError
+from node.sync import messages as m
+from node.sync.envelope import (
+    ANY_TARGET, Caller, EnvelopeError, RequestVerifier, SignedRequest, sign_request, sign_response, verify_response,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/sync/v1/"
+NOT_FOUND = m.ErrorReply("sync.not_found", "no such database on this node")  # also: not shared, not readable
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class ServedNode(Protocol):
+    """What the server needs from the node that runs it."""
+
+    def readable(self, db_id: str, caller: str) -> Database | None:
+        """The database if it is shared and ``caller`` holds at least Read on it, else None."""
+
+    def peers_of(self, db_id: str, caller: str) -> list[m.PeerInfo]:
+        """The peers this node syncs the database with (not the caller)."""
+
+    def learn_peers(self, db_id: str, caller: str, peers: list[m.PeerInfo]) -> None:
+        """Hints from a peer that may read the database: whom it syncs it with."""
+
+    def redeem(self, db: Database, caller: str, ticket: str, proof: bytes) -> str:
+        """Redeem an invite for ``caller``; returns the settings entry id; RejectedError if not."""
+
+
+# ------------------------------------------------------------------------ server
+@dataclass
+class _Strikes:
+    refused: int = 0
+    until_ms: int = 0
+    level: int = 0
+
+
+class PushBackoff:
+    """A peer that keeps pushing invalid entries is refused for a while, doubling each time.
+
+    Refusals that honest peers cause too (an entry that waits in the pending area and is
+    evicted, a candidate over the bound) do not count.
+    """
+
+    BENIGN = frozenset({"entry.pending_evicted", "entry.pending_expired", "entry.candidate_bound", "entry.erased"})
+
+    def __init__(self, threshold: int = 32, base_ms: int = 5_000, max_ms: int = 3_600_000) -> None:
+        self.threshold = threshold
+        self.base_ms = base_ms
+        self.max_ms = max_ms
+        self._peers: dict[str, _Strikes] = {}
+
+    def blocked_for(self, peer: str, now_ms: int) -> int:
+        s = self._peers.get(peer)
+        return max(0, s.until_ms - now_ms) if s else 0
+
+    def record(self, peer: str, refused: dict[str, int], now_ms: int) -> None:
+        bad = sum(n for reason, n in refused.items() if reason not in self.BENIGN)
+        if not bad:
+            return
+        s = self._peers.setdefault(peer, _Strikes())
+        s.refused += bad
+        if s.refused >= self.threshold:
+            s.until_ms = now_ms + min(self.max_ms, self.base_ms * (2 ** s.level))
+            s.level += 1
+            s.refused = 0
+        if len(self._peers) > 10_000:  # bounded: forget the oldest
+            self._peers.pop(next(iter(self._peers)))
+
+    def status(self, peer: str, now_ms: int) -> dict[str, Any]:
+        s = self._peers.get(peer)
+        return {"backoff_ms": self.blocked_for(peer, now_ms), "strikes": s.refused if s else 0, "level": s.level if s else 0}
+
+
+class SyncServer:
+    def __init__(self, key: SigningKey, node: ServedNode, *, verifier: RequestVerifier | None = None,
+                 backoff: PushBackoff | None = None) -> None:
+        self.key = key
+        self.node = node
+        self.verifier = verifier or RequestVerifier(str(key.public))
+        self.backoff = backoff or PushBackoff()
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes, now_ms: int | None = None) -> Response:
+        now = _now_ms() if now_ms is None else now_ms
+        if method != "POST" or not path.startswith(PREFIX):
+            return self._plain(404, m.ErrorReply("sync.unknown_op", "not a sync path"))
+        op = path[len(PREFIX):]
+        if op not in m.REQUESTS:
+            return self._plain(404, m.ErrorReply("sync.unknown_op", f"no sync operation {op!r}"))
+        try:
+            caller = self.verifier.verify(method, path, headers, body, now, allow_any_target=(op == "hello"))
+        except EnvelopeError as exc:
+            status = 503 if exc.reason == "sync.busy" else 401
+            return self._plain(status, m.ErrorReply(exc.reason, str(exc)))
+        try:
+            request = m.decode_request(op, body)
+            status, reply = self._dispatch(op, request, caller, now)
+        except RejectedError as exc:
+            status, reply = 400, m.ErrorReply(exc.reason, str(exc))
+        except MemmeshError as exc:
+            status, reply = 500, m.ErrorReply("sync.internal", str(exc))
+        payload = m.pack(reply.encode())
+        return Response(status, {**sign_response(self.key, status, payload, caller),
+                                 "content-type": "application/msgpack"}, payload)
+
+    def _plain(self, status: int, reply: m.ErrorReply) -> Response:
+        # Unauthenticated callers get an unsigned answer: signing would let anyone make the node
+        # sign bytes of their choosing (the nonce).
+        return Response(status, {"content-type": "application/msgpack"}, m.pack(reply.encode()))
+
+    def _dispatch(self, op: str, request: Any, caller: Caller, now: int) -> tuple[int, Any]:
+        if op == "hello":
+            return 200, m.Hello()
+        db = self.node.readable(request.db, caller.key)
+        if db is None:
+            return 404, NOT_FOUND
+        if op == "feeds":
+            lacking = len(db.missing_for(request.feeds, request.evidence))
+            return 200, m.FeedsReply(db.feeds(), db.evidence(), lacking)
+        if op == "pull":
+            ids = db.missing_for(request.feeds, request.evidence, request.want)
+            if request.after is not None:
+                wanted = set(request.want)
+                ids = [i for i in ids if i in wanted or (db.height_of(i), i) > request.after]
+            entries, n = db.page(ids, max(1, request.max_bytes))
+            last = ids[n - 1] if n else None
+            cursor = (db.height_of(last), last) if last else request.after
+            return 200, m.PullReply(entries, cursor, n < len(ids))
+        if op == "push":
+            blocked = self.backoff.blocked_for(caller.key, now)
+            if blocked:
+                return 429, m.ErrorReply("sync.backoff", f"too many invalid entries from this peer; retry in {blocked // 1000 + 1} s")
+            result = db.ingest(request.entries, source=f"peer:{caller.key}")
+            refused: dict[str, int] = {}
+            for _id, reason, _detail in result.rejected:
+                refused[reason] = refused.get(reason, 0) + 1
+            self.backoff.record(caller.key, refused, now)
+            stored = len(result.accepted) + len(result.stored_rejected)
+            return 200, m.PushReply(stored, len(result.pending), result.duplicates, refused)
+        if op == "peers":
+            self.node.learn_peers(request.db, caller.key, request.peers)
+            return 200, m.PeersReply(self.node.peers_of(request.db, caller.key))
+        if op == "redeem":
+            return 200, m.RedeemReply(self.node.redeem(db, caller.key, request.ticket, request.proof))
+        raise AssertionError(op)
+
+
+# ------------------------------------------------------------------------ client
+class SyncError(MemmeshError):
+    """A sync request the peer answered with an error, or whose answer does not verify."""
+
+    def __init__(self, reason: str, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    op: str
+    request: SignedRequest
+
+
+class Client:
+    """Signs requests and checks responses (sans-IO: the caller moves the bytes)."""
+
+    def __init__(self, key: SigningKey, clock: Callable[[], int] = _now_ms) -> None:
+        self.key = key
+        self.clock = clock
+
+    def request(self, target: str, message: Any) -> Outgoing:
+        body = m.pack(message.encode())
+        return Outgoing(message.op, sign_request(self.key, "POST", PREFIX + message.op, body, target, self.clock()))
+
+    def reply(self, out: Outgoing, status: int, headers: dict[str, str], body: bytes) -> tuple[str, Any]:
+        """The verified reply (and the key of the node that sent it); SyncError otherwise."""
+        try:
+            node = verify_response(out.request, str(self.key.public), status, headers, body)
+        except EnvelopeError as exc:
+            # An unsigned error is the server refusing our signature, time or nonce.
+            if status in (401, 503) and "memmesh-signature" not in {k.lower() for k in headers}:
+                try:
+                    err = m.ErrorReply.decode(m.unpack(body))
+                    raise SyncError(err.error, err.message, status) from None
+                except RejectedError:
+                    pass
+            raise SyncError(exc.reason, str(exc), status) from None
+        if status != 200:
+            try:
+                err = m.ErrorReply.decode(m.unpack(body))
+            except RejectedError as exc:
+                raise SyncError("sync.bad_message", f"status {status} with a malformed body: {exc}", status) from None
+            raise SyncError(err.error, err.message, status)
+        try:
+            return node, m.decode_reply(out.op, body)
+        except RejectedError as exc:
+            raise SyncError(exc.reason, str(exc), status) from None
+
+
+@dataclass
+class ExchangeStats:
+    lacking: int = 0  # entries we lacked, per the peer, when the exchange began
+    peer_lacking: int = 0  # entries the peer lacked, per us
+    pulled: int = 0  # entries we stored from the peer
+    pulled_pending: int = 0
+    pulled_refused: dict[str, int] = field(default_factory=dict)
+    pushed: int = 0  # entries the peer stored from us
+    push_refused: dict[str, int] = field(default_factory=dict)
+    pages: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    peers: list[m.PeerInfo] = field(default_factory=list)
+
+
+class Exchange:
+    """One sync of one database with one peer, as a state machine.
+
+    ``next_message()`` gives the next request to send (None when done); ``on_reply(reply)``
+    takes its decoded reply: pulled entries are ingested here, through the full pipeline.
+    """
+
+    def __init__(self, db: Database, peer: str, *, page_bytes: int = m.DEFAULT_PAGE_BYTES,
+                 pull: bool = True, push: bool = True, known_peers: list[m.PeerInfo] | None = None) -> None:
+        self.db = db
+        self.peer = peer
+        self.page_bytes = page_bytes
+        self.stats = ExchangeStats()
+        self._do_pull = pull
+        self._do_push = push
+        self._known_peers = known_peers
+        self._stage = "feeds"
+        self._cursor: tuple[int, str] | None = None
+        self._first_pull = True
+        self._to_push: list[str] = []
+        self._sent: int = 0  # how many of _to_push the last push request carried
+
+    @property
+    def done(self) -> bool:
+        return self._stage == "done"
+
+    def next_message(self) -> Any | None:
+        db = self.db
+        if self._stage == "feeds":
+            return m.FeedsRequest(db.id, db.feeds(), db.evidence())
+        if self._stage == "pull":
+            want = tuple(db.wanted()["parents"][: m.MAX_WANT]) if self._first_pull else ()
+            return m.PullRequest(db.id, db.feeds(), db.evidence(), want, self._cursor, self.page_bytes)
+        if self._stage == "push":
+            entries, n = db.page(self._to_push, self.page_bytes)
+            self._sent = n
+            self.stats.bytes_out += sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in entries)
+            return m.PushRequest(db.id, entries)
+        if self._stage == "peers":
+            return m.PeersRequest(db.id, list(self._known_peers or []))
+        return None
+
+    def on_reply(self, reply: Any) -> None:
+        if self._stage == "feeds":
+            self.stats.lacking = reply.lacking
+            self._to_push = self.db.missing_for(reply.feeds, reply.evidence)
+            self.stats.peer_lacking = len(self._to_push)
+            self._stage = "pull" if self._do_pull and reply.lacking else self._after_pull()
+        elif self._stage == "pull":
+            self._first_pull = False
+            self.stats.pages += 1
+            if reply.entries:
+                self.stats.bytes_in += sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in reply.entries)
+                result = self.db.ingest(reply.entries, source=f"peer:{self.peer}")
+                self.stats.pulled += len(result.accepted) + len(result.stored_rejected)
+                self.stats.pulled_pending += len(result.pending)
+                for _id, reason, _detail in result.rejected:
+                    self.stats.pulled_refused[reason] = self.stats.pulled_refused.get(reason, 0) + 1
+            progressed = reply.after is not None and reply.after != self._cursor
+            self._cursor = reply.after
+            if not reply.more or not progressed or not reply.entries:
+                self._stage = self._after_pull()
+        elif self._stage == "push":
+            self.stats.pages += 1
+            self.stats.pushed += reply.stored
+            for reason, n in reply.refused.items():
+                self.stats.push_refused[reason] = self.stats.push_refused.get(reason, 0) + n
+            self._to_push = self._to_push[self._sent:]
+            if not self._to_push:
+                self._stage = "peers" if self._known_peers is not None else "done"
+        elif self._stage == "peers":
+            self.stats.peers = list(reply.peers)
+            self._stage = "done"
+
+    def _after_pull(self) -> str:
+        if self._do_push and self._to_push:
+            return "push"
+        return "peers" if self._known_peers is not None else "done"
+
+
+def hello(client: Client, target: str = ANY_TARGET) -> Outgoing:
+    return client.request(target, m.Hello())

@@ -50,13 +50,15 @@ def id_of(header: bytes) -> str:
     return ID_PREFIX + hashlib.sha256(header).hexdigest()
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
 def id_to_raw(entry_id: str) -> bytes:
-    if not isinstance(entry_id, str) or not entry_id.startswith(ID_PREFIX) or len(entry_id) != 71:
-        raise EntryRejected("entry.id", f"an entry id looks like 'sha256:<64 hex digits>', got {entry_id!r}")
-    try:
-        return bytes.fromhex(entry_id[7:])
-    except ValueError as exc:
-        raise EntryRejected("entry.id", f"an entry id looks like 'sha256:<64 hex digits>', got {entry_id!r}") from exc
+    # One id, one spelling: lowercase hex only (bytes.fromhex would also take uppercase and spaces).
+    if (not isinstance(entry_id, str) or not entry_id.startswith(ID_PREFIX) or len(entry_id) != 71
+            or not _HEX.issuperset(entry_id[7:])):
+        raise EntryRejected("entry.id", f"an entry id looks like 'sha256:<64 lowercase hex digits>', got {entry_id!r}")
+    return bytes.fromhex(entry_id[7:])
 
 
 def raw_to_id(raw: bytes) -> str:

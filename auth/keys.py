@@ -37,6 +37,7 @@ DOMAIN_ENTRY = b"entry"
 DOMAIN_SYNC_REQUEST = b"sync-request"
 DOMAIN_SYNC_RESPONSE = b"sync-response"
 DOMAIN_TICKET = b"ticket"
+DOMAIN_TICKET_REDEEM = b"ticket-redeem"
 
 _PREFIX = b"memmesh/v1\x00"
 

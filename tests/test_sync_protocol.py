@@ -267,3 +267,26 @@ def test_decoding_mutated_messages_only_ever_refuses(data):
         m.decode_request("pull", bytes(mutated))
     except m.MessageError:
         pass
+
+
+def test_signed_request_vector():
+    """docs/protocol.md section 6.4 shows exactly what the code signs."""
+    import re
+    from pathlib import Path
+
+    from auth.keys import SigningKey
+    from node.sync.envelope import request_message
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+    block = doc.split("<!-- sync-request-vector -->", 1)[1].split("```")[1]
+    shown = dict(re.findall(r"^(\S+)\s+(\S+)$", block, re.M))
+    caller = SigningKey.from_seed(bytes(range(32)))
+    node = SigningKey.from_seed(bytes(range(32, 64)))
+    db = "sha256:4120585c810070fad66f663aa6781039ece449ca4ee78c6c4ffde5acb38b7c9d"
+    body = m.pack(m.FeedsRequest(db, {str(caller.public): (0, db)}, {}).encode())
+    req = sign_request(caller, "POST", "/sync/v1/feeds", body, str(node.public), 1764460800000, bytes(range(16)))
+    assert shown["body"] == body.hex()
+    assert shown["signed"] == request_message("POST", "/sync/v1/feeds", body, node.public.raw, 1764460800000,
+                                              bytes(range(16))).hex()
+    assert shown["memmesh-signature"] == req.headers["memmesh-signature"]
+    assert str(node.public) in doc and str(caller.public) in doc

@@ -647,9 +647,11 @@ class Database:
         result = IngestResult()
         refused: list[tuple[str, str, str]] = []
         self._ensure_live()
-        for entry_id in self._pending.expire():
-            refused.append((entry_id, "entry.pending_expired",
-                            "waited longer than the pending area keeps entries; it is fetched again when needed"))
+        # Evictions and expiries count against the source that sent the entry, not this caller.
+        displaced: list[tuple[str, str, str, str]] = []  # (source, id, reason, detail)
+        for record in self._pending.expire():
+            displaced.append((record.source, record.id, "entry.pending_expired",
+                              "waited longer than the pending area keeps entries; it is fetched again when needed"))
         staged: list[StoredEntry] = []
         fills: list[tuple[str, str, bytes]] = []
         from_pending: list[str] = []
@@ -700,9 +702,9 @@ class Database:
                     except StorageError as exc:
                         refuse(entry.id, EntryRejected("entry.pending_full", str(exc)))
                         continue
-                    for entry_id in evicted:
-                        refused.append((entry_id, "entry.pending_evicted",
-                                        "evicted from the full pending area to make room; it is fetched again when needed"))
+                    for record in evicted:
+                        displaced.append((record.source, record.id, "entry.pending_evicted",
+                                          "evicted from the full pending area to make room; it is fetched again when needed"))
                     result.pending.append(entry.id)
                     if erases:
                         self._note_pending_erases(entry, erases)
@@ -754,6 +756,11 @@ class Database:
             raise
         finally:
             self._refusals.record(refused, source)
+            by_source: dict[str, list[tuple[str, str, str]]] = {}
+            for src, entry_id, reason, detail in displaced:
+                by_source.setdefault(src, []).append((entry_id, reason, detail))
+            for src, items in by_source.items():
+                self._refusals.record(items, src)
         if rebuild:
             accepted_now = {e.id for e in staged if self.is_accepted(e.id)}
             result.accepted = [e.id for e in staged if e.id in accepted_now]
@@ -869,7 +876,7 @@ class Database:
         # Structural checks, whatever the author's standing: nothing malformed is stored.
         ops, rows, erases = self._check_payloads(entry, author)
         size = len(entry.header) + sum(d.length for s, d in entry.stores.items() if entry.payloads.get(s) is not None)
-        wanted = bool(self._pending) and self._pending.is_wanted(entry.id)
+        wanted = bool(self._pending) and self._needed_by_a_writer(entry)
         forks = self._by_seq.get((author, entry.seq), ())
         if forks:
             # Equivocation: the two entries prove it; a third at the same seq adds nothing.
@@ -905,6 +912,21 @@ class Database:
         if not verdict.accepted:
             self._count_unaccepted(author, size)
         return node, "accepted" if verdict.accepted else "candidate", rows
+
+    def _needed_by_a_writer(self, entry: Entry) -> bool:
+        """Does a pending entry of another key that may write now wait for this one?
+
+        Such an entry is stored whatever the bounds, so that they never cut an honest writer off
+        from its past; the waiting entry's author must be another key that holds Write, so that
+        an author (or a throwaway key) cannot lift its own bound by sending children first.
+        """
+        for waiting_id in self._pending.waiting_on(entry.id):
+            record = self._pending.record(waiting_id)
+            if record is None or record.author == entry.author_key:
+                continue
+            if holds(self.permission(record.author), "write"):
+                return True
+        return False
 
     def _check_bound(self, author: str, size: int, what: str) -> None:
         count, nbytes = self._unaccepted.get(author, (0, 0))

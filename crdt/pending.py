@@ -143,8 +143,8 @@ class PendingArea:
         return self._storage.get_pending(self._db, entry_id)
 
     # ------------------------------------------------------------------------- changes
-    def put(self, entry: StoredEntry, author: str, missing: Iterable[str], source: str) -> list[str]:
-        """Keep ``entry`` until what it misses arrives; returns the ids evicted to make room.
+    def put(self, entry: StoredEntry, author: str, missing: Iterable[str], source: str) -> list[PendingRecord]:
+        """Keep ``entry`` until what it misses arrives; returns the records evicted to make room.
 
         Raises StorageError if the storage's own backstop refuses it.
         """
@@ -156,7 +156,7 @@ class PendingArea:
         record = PendingRecord(entry.id, author, source, received, entry.size, missing_t)
         evicted = self._make_room(record)
         if evicted:
-            self._storage.drop_pending(self._db, evicted)
+            self._storage.drop_pending(self._db, [r.id for r in evicted])
         try:
             self._storage.put_pending(self._db, entry, missing_t, author=author, source=source,
                                       received_ms=received)
@@ -167,30 +167,41 @@ class PendingArea:
         self._index(record)
         return evicted
 
-    def _make_room(self, new: PendingRecord) -> list[str]:
+    def _make_room(self, new: PendingRecord) -> list[PendingRecord]:
         lim = self.limits
-        evicted: list[str] = []
+        evicted: list[PendingRecord] = []
 
         def evict(entry_id: str) -> None:
-            self._unindex(entry_id)
-            evicted.append(entry_id)
+            record = self._unindex(entry_id)
+            if record is not None:
+                evicted.append(record)
 
         author = self._authors.get(new.author)
         while author and (len(author.ids) + 1 > lim.author_entries or author.bytes + new.size > lim.author_bytes):
             evict(next(iter(author.ids)))
             author = self._authors.get(new.author)
         source = self._sources.get(new.source)
-        while source and (len(source.ids) + 1 > lim.source_entries or source.bytes + new.size > lim.source_bytes):
-            # The largest author within this source gives way first.
-            in_source: dict[str, int] = {}
-            for entry_id in source.ids:
-                a = self._records[entry_id].author
-                in_source[a] = in_source.get(a, 0) + 1
-            biggest = max(in_source, key=lambda a: (in_source[a], a))
+        while source:
+            over_entries = len(source.ids) + 1 > lim.source_entries
+            if not over_entries and source.bytes + new.size <= lim.source_bytes:
+                break
+            # The author holding most of what is exceeded (entries, or bytes) gives way first.
+            held: dict[str, list[int]] = {}
+            for entry_id, size in source.ids.items():
+                tally = held.setdefault(self._records[entry_id].author, [0, 0])
+                tally[0] += 1
+                tally[1] += size
+            measure = 0 if over_entries else 1
+            biggest = max(held, key=lambda a: (held[a][measure], a))
             evict(next(i for i in source.ids if self._records[i].author == biggest))
             source = self._sources.get(new.source)
-        while self._records and (len(self._records) + 1 > lim.total_entries or self._bytes + new.size > lim.total_bytes):
-            biggest_source = max(self._sources, key=lambda s: (self._sources[s].bytes, s))
+        while self._records:
+            over_entries = len(self._records) + 1 > lim.total_entries
+            if not over_entries and self._bytes + new.size <= lim.total_bytes:
+                break
+            # The source holding most of what is exceeded gives way first.
+            biggest_source = max(self._sources, key=lambda s: (
+                len(self._sources[s].ids) if over_entries else self._sources[s].bytes, s))
             evict(next(iter(self._sources[biggest_source].ids)))
         return evicted
 
@@ -205,15 +216,15 @@ class PendingArea:
             self._storage.drop_pending(self._db, ids)
             self.forget(ids)
 
-    def expire(self) -> list[str]:
-        """Drop entries older than the time to live; returns their ids."""
+    def expire(self) -> list[PendingRecord]:
+        """Drop entries older than the time to live; returns their records."""
         now = self._clock()
         # A scan of the whole area, so at most once a second.
         if not self._records or now - self._last_expiry < 1000:
             return []
         self._last_expiry = now
         cutoff = now - self.limits.ttl_ms
-        old = [r.id for r in self._records.values() if r.received_ms < cutoff]
-        self.drop(old)
+        old = [r for r in self._records.values() if r.received_ms < cutoff]
+        self.drop([r.id for r in old])
         return old
 

@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace, home: Path):
     from node import commands
-    from node.api import Node
+    from node.library import Node
 
     if args.command == "init":
         return commands.init(home)

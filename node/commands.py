@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from node.api import Node
+from node.library import Node
 from node.memory.agents import CONFIG_DEFAULTS, Agent, CONFIG_STORE, ConfigError, agent_state, parse_config_value
 from node.memory.embedders import EmbedderConfig
 from node.memory.service import perm_name

@@ -1,4 +1,4 @@
-"""The library API: ``Node.open(home)``, ``node.call_tool(...)``, ``node.auto_recall(...)``.
+"""The Python library: ``Node.open(home)``, ``node.call_tool(...)``, ``node.auto_recall(...)``.
 
     from node import Node
     with Node.open("/path/to/home") as node:

@@ -132,6 +132,7 @@ def test_the_cli_and_the_registry_have_the_same_commands_and_parameters():
     (["embedder", "set", "hashed", "--timeout", "2.5"], "embedder.set", {"provider": "hashed", "timeout_s": 2.5}),
     (["autorecall", "alpha", "one", "two", "--session", "s"], "autorecall",
      {"agent": "alpha", "messages": ["one", "two"], "session": "s"}),
+    (["explain", "sha256:ab", "--bank", "notes"], "explain", {"entry_id": "sha256:ab", "bank": "notes"}),
 ])
 def test_the_cli_builds_the_json_params_of_the_command(argv, name, params):
     assert command_of(build_parser().parse_args(argv)) == (name, params)

@@ -119,6 +119,8 @@ def test_the_cli_and_the_registry_have_the_same_commands_and_parameters():
     assert sorted(leaves) == sorted(REGISTRY.names())
     for cmd in REGISTRY:
         assert leaves[cmd.name] == set(cmd.params.model_fields), cmd.name
+        if "." in cmd.name:
+            assert REGISTRY.group_help(cmd.name.rsplit(".", 1)[0]), f"{cmd.name}: its group has no help"
 
 
 @pytest.mark.parametrize("argv, name, params", [

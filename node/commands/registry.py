@@ -49,10 +49,7 @@ class Command:
     handler: Callable[..., Result]
     help: str
     creates_home: bool = False  # runs on a home that may not exist yet (init)
-
-    @property
-    def emits_events(self) -> bool:
-        return "events" in inspect.signature(self.handler).parameters
+    emits_events: bool = False  # the handler takes the keyword-only ``events`` sink
 
     def schema(self) -> dict[str, Any]:
         """The JSON Schema of the parameters (what HTTP/OpenAPI and MCP are generated from)."""
@@ -77,7 +74,7 @@ class Registry:
             events = inspect.signature(handler).parameters.get("events")
             if events is not None and events.kind is not inspect.Parameter.KEYWORD_ONLY:
                 raise TypeError(f"{handler.__qualname__}: events must be a keyword-only parameter")
-            self._commands[name] = Command(name, params, handler, help, creates_home)
+            self._commands[name] = Command(name, params, handler, help, creates_home, events is not None)
             return handler
         return register
 
@@ -102,10 +99,6 @@ class Registry:
         return self._groups.get(name, "")
 
     # ------------------------------------------------------------------ running
-    def check(self, name: str, params: Any) -> Params:
-        """Validate without running: what a transport does before it opens anything."""
-        return self.get(name).parse(params)
-
     def run(self, node: "Node", name: str, params: Any, events: EventSink | None = None) -> Result:
         """Run command ``name`` on an open node with JSON-compatible ``params``."""
         cmd = self.get(name)

@@ -9,6 +9,7 @@ import pytest
 from node import Node
 from node.cli_args import COMMAND, build_parser, command_of
 from node.commands import REGISTRY, ParamsError, UnknownCommand
+from node.commands.tools import TOOLS
 from node.library import run_in_home
 from tests.test_cli import mm
 
@@ -46,6 +47,16 @@ def test_every_command_exposes_a_json_schema():
         json.dumps(schema)  # JSON itself: what OpenAPI and MCP tool schemas are built from
         for name, prop in schema.get("properties", {}).items():
             assert prop.get("description"), f"{cmd.name}.{name} has no description"
+
+
+def test_every_agent_tool_exposes_its_argument_schema():
+    """What an MCP server will publish per tool: the arguments, without the agent."""
+    assert set(TOOLS) == {"remember", "recall", "list_memory_banks"}
+    for name, tool in TOOLS.items():
+        schema = tool.args.model_json_schema()
+        assert schema["type"] == "object" and "agent" not in schema.get("properties", {}), name
+        assert tool.description
+    assert TOOLS["remember"].args.model_json_schema()["required"] == ["key", "value"]
 
 
 def test_unknown_params_are_refused_clearly_and_change_nothing(node):

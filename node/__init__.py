@@ -1,7 +1,7 @@
 """memmesh node: everything that runs (storage, memory, sync, interfaces).
 
-The library API is ``node.Node`` (see node.api); it is imported lazily so that submodules,
-the CLI among them, start without loading what they do not use.
+The Python library is ``node.Node`` (see node.library); it is imported lazily so that a
+submodule (the storage, a benchmark's view) can be imported without loading every command.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["Node"]
 
 def __getattr__(name: str) -> Any:
     if name == "Node":
-        from node.api import Node
+        from node.library import Node
 
         return Node
     raise AttributeError(name)

@@ -83,6 +83,7 @@ class Home:
         self._lock_fd = lock_fd
         self.registry = Registry(storage)
         self._databases: dict[str, Database] = {}
+        self.created = False  # True when this opening created the node (init reports it)
 
     # ------------------------------------------------------------------ lifecycle
     @staticmethod
@@ -97,7 +98,9 @@ class Home:
         if created:
             home.mkdir(parents=True, exist_ok=True)
             save_key(home / KEYS_DIR / PEER_KEY, SigningKey.generate())
-        return cls.open(home), created
+        node = cls.open(home)
+        node.created = created
+        return node, created
 
     @classmethod
     def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> "Home":

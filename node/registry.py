@@ -21,6 +21,9 @@ NS_ARCHIVE = "archived-banks"
 NS_CONFIG = "node-config"
 NS_CREDENTIALS = "credentials"
 
+EMBEDDER_CONFIG = "embedder"  # node setting: the embedder's provider, model, ...
+EMBEDDER_SECRET = "embedder-api-key"  # credential: the embedding service's API key
+
 
 class NameError_(MemmeshError):  # noqa: N801 - the builtin NameError means something else
     """A name that is malformed, taken, or unknown."""

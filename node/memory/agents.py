@@ -251,8 +251,15 @@ class Agents:
         return bank, agent, warning
 
     def write_ref(self, agent: Agent, value: dict[str, Any]) -> str:
+        return self._append(agent, BANKS_STORE, value)
+
+    def write_config(self, agent: Agent, value: dict[str, Any]) -> str:
+        """One row of the agent's config: a setting, a reset, an attachment."""
+        return self._append(agent, CONFIG_STORE, value)
+
+    def _append(self, agent: Agent, store: str, value: dict[str, Any]) -> str:
         with agent.db.transaction(agent.key) as txn:
-            txn.append(BANKS_STORE, value)
+            txn.append(store, value)
         return txn.entry_id or ""
 
     # ---------------------------------------------------------------- access

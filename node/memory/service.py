@@ -1,9 +1,9 @@
-"""The memory tools (remember, recall, list_memory_banks) and auto-recall.
+"""What the memory tools (remember, recall, list_memory_banks) and auto-recall do.
 
-One implementation that every transport reaches through node.commands. Results are plain
-JSON-able dicts. Fallbacks never error (DESIGN 7): no embedder, no vectors yet, an embedder
-failing on write (the memory is stored without a vector, with a warning) or on read (BM25
-only, with a warning).
+The tool table, with each tool's argument schema, is in node/commands/tools.py; every
+transport reaches these methods through it. Results are plain JSON-able dicts. Fallbacks
+never error (DESIGN 7): no embedder, no vectors yet, an embedder failing on write (the memory
+is stored without a vector, with a warning) or on read (BM25 only, with a warning).
 """
 from __future__ import annotations
 
@@ -17,19 +17,14 @@ from auth.permissions import Permission
 from crdt.database import Database
 from node.memory.agents import Agent, Agents, agent_state
 from node.memory.embedders import Embedder, EmbedderError
-from node.memory.rows import MEMORY_STORE, MemoryInputError, embedding_value, memory_value
+from node.memory.rows import MEMORY_STORE, embedding_value, memory_value
 from node.memory.tokens import autorecall_query_tokens
-from node.memory.view import MemoryView
+from node.memory.view import DEFAULT_LIMIT, MemoryView
 from node.registry import NameError_
 
 log = logging.getLogger(__name__)
 
 NO_MEMORIES = "No memories found"
-TOOLS: dict[str, set[str]] = {
-    "remember": {"key", "value", "tags", "bank"},
-    "recall": {"query", "tags", "limit", "bank"},
-    "list_memory_banks": set(),
-}
 
 
 def perm_name(perm: Permission | None) -> str:
@@ -72,7 +67,8 @@ class MemoryService:
             return None
 
     # ------------------------------------------------------------------ tools
-    def remember(self, agent: Agent, key: Any, value: Any, tags: Any = (), bank: str | None = None) -> dict[str, Any]:
+    def remember(self, agent: Agent, key: str, value: str, tags: Sequence[str] = (),
+                 bank: str | None = None) -> dict[str, Any]:
         row = memory_value(key, value, tags if tags is not None else ())
         target = self.agents.open_for(agent, bank, "write")
         warnings: list[str] = []
@@ -94,24 +90,13 @@ class MemoryService:
     def recall(
         self,
         agent: Agent,
-        query: Any = "",
-        tags: Any = (),
-        limit: Any = 10,
+        query: str = "",
+        tags: Sequence[str] = (),
+        limit: int = DEFAULT_LIMIT,
         bank: str | None = None,
         include_superseded: bool = False,
     ) -> dict[str, Any]:
-        if query is None:
-            query = ""
-        if not isinstance(query, str):
-            raise MemoryInputError("query must be a string")
-        if tags is None:
-            tags = ()
-        if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
-            raise MemoryInputError("tags must be a list of strings")
-        if limit is None:
-            limit = 10
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise MemoryInputError("limit must be a whole number from 1 to 100")
+        """Arguments are checked by the recall tool's model and again by the view."""
         target = self.agents.open_for(agent, bank, "read")
         warnings: list[str] = []
         found = self._search(target.db, query, tags, limit, warnings, include_superseded)
@@ -174,26 +159,6 @@ class MemoryService:
         if db_id not in self.agents.home.database_ids():
             return None
         return self.agents.home.database(db_id).permission(str(agent.key.public))
-
-    # ------------------------------------------------------------------ dispatch
-    def call_tool(self, agent: Agent, tool: str, args: Any) -> dict[str, Any]:
-        """The one entry point for agent tool calls, whatever the transport."""
-        if not isinstance(args, dict):
-            raise MemoryInputError(f"tool arguments are a JSON object, got {type(args).__name__}")
-        spec = TOOLS.get(tool)
-        if spec is None:
-            raise MemoryInputError(f"unknown tool {tool!r}; tools: {', '.join(TOOLS)}")
-        unknown = set(args) - spec
-        if unknown:
-            raise MemoryInputError(f"{tool} does not take {', '.join(sorted(unknown))}; it takes {', '.join(sorted(spec)) or 'nothing'}")
-        if tool == "remember":
-            missing = [f for f in ("key", "value") if f not in args]
-            if missing:
-                raise MemoryInputError(f"remember needs {' and '.join(missing)}")
-            return self.remember(agent, args["key"], args["value"], args.get("tags", ()), args.get("bank"))
-        if tool == "recall":
-            return self.recall(agent, args.get("query", ""), args.get("tags", ()), args.get("limit", 10), args.get("bank"))
-        return self.list_banks(agent)
 
     # ------------------------------------------------------------------ auto-recall
     def auto_recall(self, agent: Agent, messages: Sequence[str], session: str | None = None) -> str:

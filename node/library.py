@@ -1,22 +1,25 @@
-"""The library API: ``Node.open(home)``, ``node.call_tool(...)``, ``node.auto_recall(...)``.
+"""The Python library: ``Node.open(home)``, ``node.call_tool(...)``, ``node.auto_recall(...)``.
 
     from node import Node
     with Node.open("/path/to/home") as node:
         node.call_tool("alpha", "remember", {"key": "k", "value": "v"})
         print(node.call_tool("alpha", "recall", {"query": "k"}))
+        print(node.run("memory.list", {}).text)
+
+A Node is what command handlers act on (its home, agents, banks and memory service); its
+convenience calls go through the command registry like every other transport.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
 
+from node.commands import REGISTRY, EventSink, Result
 from node.home import Home
 from node.memory.agents import Agents
 from node.memory.embedders import Embedder, EmbedderConfig, default_provider, make_embedder
 from node.memory.service import MemoryService
-
-EMBEDDER_CONFIG = "embedder"
-EMBEDDER_SECRET = "embedder-api-key"
+from node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
 
 
 class Node(Home):
@@ -69,10 +72,28 @@ class Node(Home):
             self._memory = None
         super().close()
 
-    # ------------------------------------------------------------------ tools
+    # ------------------------------------------------------------------ commands
+    def run(self, name: str, params: dict[str, Any], events: EventSink | None = None) -> Result:
+        """Run any command by name with JSON-compatible parameters (see node.commands)."""
+        return REGISTRY.run(self, name, params, events=events)
+
     def call_tool(self, agent: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
         """Run one agent tool (remember, recall, list_memory_banks) and return its JSON result."""
-        return self.memory.call_tool(self.agents.agent(agent), tool, args)
+        return self.run("tool", {"agent": agent, "tool": tool, "args": args}).data
 
     def auto_recall(self, agent: str, messages: Sequence[str], session: str | None = None) -> str:
-        return self.memory.auto_recall(self.agents.agent(agent), messages, session)
+        return self.run("autorecall", {"agent": agent, "messages": list(messages), "session": session}).data["block"]
+
+
+def run_in_home(home: Path | str, name: str, params: dict[str, Any], events: EventSink | None = None) -> Result:
+    """Open the node in ``home`` for one command, run it, close the node.
+
+    Parameters are checked before the home is opened, so a refused command touches nothing.
+    Only a command that creates the node (init) may find the home empty.
+    """
+    cmd = REGISTRY.get(name)
+    cmd.parse(params)
+    node = Node.init(home)[0] if cmd.creates_home else Node.open(home, create=False)
+    assert isinstance(node, Node)
+    with node:
+        return node.run(name, params, events)

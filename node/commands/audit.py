@@ -1,0 +1,50 @@
+"""explain: why an entry (or a refused entry's digest) was accepted or refused."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field
+
+from auth.errors import MemmeshError
+from crdt.database import Database
+from node.commands.params import Cli, Params
+from node.commands.registry import command
+from node.commands.result import Result
+
+if TYPE_CHECKING:
+    from node.library import Node
+
+
+class UnknownEntry(MemmeshError):
+    """No database asked knows the entry id."""
+
+
+class Explain(Params):
+    entry_id: Annotated[str, Cli(positional=True), Field(description="the entry's id (sha256:...)")]
+    bank: Annotated[str | None, Cli(metavar="NAME"), Field(
+        description="ask only this bank (a bank name, an agent name or a database id); default: every database")] = None
+
+
+def knows(db: Database, entry_id: str) -> bool:
+    """Whether ``db`` has anything to say about the entry: stored, pending or recently refused."""
+    if hasattr(db, "knows"):  # Database.knows is newer than this command; older ones know stored entries only
+        return bool(db.knows(entry_id))
+    return db.entry(entry_id) is not None
+
+
+@command("explain", Explain, "explain why an entry was accepted or refused")
+def explain(node: "Node", p: Explain) -> Result:
+    if p.bank is not None:
+        ref = node.agents.resolve(p.bank)
+        if not knows(ref.db, p.entry_id):
+            raise UnknownEntry(f"{p.entry_id} is not known to {ref.name}; "
+                               "without --bank every database of this node is asked")
+        db = ref.db
+    else:
+        db = next((d for d in map(node.database, node.database_ids()) if knows(d, p.entry_id)), None)
+        if db is None:
+            raise UnknownEntry(f"{p.entry_id} is not known to any database of this node")
+    text = db.explain(p.entry_id)
+    name = node.agents.name_of(db.id)
+    return Result({"entry": p.entry_id, "database": db.id, "name": name, "explanation": text},
+                  f"in {name} ({db.id}):\n{text}")

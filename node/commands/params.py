@@ -1,0 +1,142 @@
+"""Parameter models: the one schema of each command, and the one wording of their errors.
+
+A command's parameters are a pydantic model (subclass :class:`Params`). That declaration gives
+validation of JSON-compatible input, typed access in the handler, and the JSON Schema that the
+HTTP API, OpenAPI and MCP tool schemas are generated from. How a field is typed on the
+command line is presentation, not schema: it is attached to the field as a :class:`Cli`
+marker (``Annotated[str, Cli(positional=True)]``), which pydantic keeps and ignores.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from auth.errors import MemmeshError
+
+
+class ParamsError(MemmeshError):
+    """Parameters a command refuses; nothing was changed. The message says what to fix."""
+
+
+class Params(BaseModel):
+    """Base of every command's parameters.
+
+    Strict: a JSON string is not silently read as a number or a boolean (``"limit": "10"``,
+    ``"limit": true``), so every transport accepts exactly what the schema says. Unknown
+    fields are refused rather than ignored: a misspelt option must not pass unnoticed.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_not_given(cls, data: Any) -> Any:
+        # Tool callers (language models above all) send null for an optional argument they
+        # leave out; that is the field's default, not a wrong type.
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None}
+
+
+@dataclass(frozen=True)
+class Cli:
+    """How a field appears on the command line (the CLI parser is derived from the models).
+
+    Not positional: an option ``--field-name`` (or ``flag``); booleans are switches, lists are
+    repeatable options, ``dict`` fields are JSON text. ``env``: the option names an environment
+    variable whose value is the parameter, so a secret never stands on the command line.
+    """
+
+    positional: bool = False
+    flag: str | None = None
+    metavar: str | None = None
+    env: bool = False
+
+
+AgentName = Annotated[str, Cli(positional=True), Field(description="the agent's name")]
+BankRef = Annotated[str, Cli(positional=True),
+                    Field(description="a bank name, an agent name (its own database) or a database id")]
+OptionalBank = Annotated[str | None, Field(description="a bank name, an agent name or a database id; "
+                                                       "default: the agent's own database")]
+
+
+class AgentParams(Params):
+    """Parameters of a command that acts for one agent."""
+
+    agent: AgentName
+
+
+class NoParams(Params):
+    """A command that takes nothing."""
+
+
+def parse(model: type[Params], params: Any, what: str) -> Params:
+    """Validate JSON-compatible ``params`` against ``model``; ``what`` names it in errors."""
+    if not isinstance(params, dict):
+        raise ParamsError(f"{what} takes a JSON object of parameters, got {_json_type(params)}")
+    try:
+        # Through JSON text, as a socket would carry it: in-process and remote calls are then
+        # validated identically, and a value that is not JSON data is refused here.
+        text = json.dumps(params)
+    except (TypeError, ValueError) as exc:
+        raise ParamsError(f"{what}: parameters must be JSON data ({exc})") from None
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise ParamsError(describe(what, model, exc)) from None
+
+
+def describe(what: str, model: type[Params], exc: ValidationError) -> str:
+    """One line for people, the same from every transport: what is missing, unknown, wrong."""
+    missing = [_loc(e["loc"]) for e in exc.errors() if e["type"] == "missing"]
+    unknown = [_loc(e["loc"]) for e in exc.errors() if e["type"] == "extra_forbidden"]
+    parts = []
+    if missing:
+        parts.append(f"{what} needs {' and '.join(missing)}")
+    if unknown:
+        takes = ", ".join(sorted(model.model_fields)) or "nothing"
+        parts.append(f"{what} does not take {', '.join(sorted(unknown))}; it takes {takes}")
+    for e in exc.errors():
+        if e["type"] in ("missing", "extra_forbidden"):
+            continue
+        message = e["msg"].removeprefix("Value error, ")
+        if message.startswith("Input should"):
+            message = message.removeprefix("Input ")
+        where = _loc(e["loc"])
+        text = f"{where} {message}" if where else message
+        if where and not _is_secret(model, e["loc"]):
+            text += f" (got {_shown(e['input'])})"
+        parts.append(text if parts else f"{what}: {text}")
+    return "; ".join(parts)
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _is_secret(model: type[Params], loc: tuple[Any, ...]) -> bool:
+    field = model.model_fields.get(loc[0]) if loc else None
+    return field is not None and field.annotation in (SecretStr, SecretStr | None)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (dict, list)) else _json_type(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+__all__ = ["AgentName", "AgentParams", "BankRef", "Cli", "NoParams", "OptionalBank", "Params",
+           "ParamsError", "describe", "parse"]

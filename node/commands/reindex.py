@@ -1,0 +1,37 @@
+"""memory.reindex: backfill vectors for the active embedder, reporting progress as events."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field
+
+from node.commands.params import Cli, Params
+from node.commands.registry import EventSink, command
+from node.commands.result import Result
+
+if TYPE_CHECKING:
+    from node.library import Node
+
+
+class MemoryReindex(Params):
+    bank: Annotated[str | None, Cli(positional=True), Field(
+        description="a bank name, an agent name or a database id; default: every bank and agent")] = None
+
+
+@command("memory.reindex", MemoryReindex, "backfill vectors for the active embedder")
+def memory_reindex(node: "Node", p: MemoryReindex, *, events: EventSink) -> Result:
+    """Events: ``{"event": "progress", "bank": name, "done": n, "total": m}`` after each batch."""
+    if p.bank is None:
+        targets = [node.agents.resolve(r.name) for r in [*node.registry.banks(), *node.agents.agents()]]
+    else:
+        targets = [node.agents.resolve(p.bank)]
+    done = []
+    for ref in targets:
+        def progress(n: int, total: int, bank: str = ref.name) -> None:
+            events({"event": "progress", "bank": bank, "done": n, "total": total})
+
+        result = node.memory.reindex(ref.db, lambda _db, k=ref.admin_key: k, progress=progress)
+        done.append({"bank": ref.name, **result})
+    total = sum(d["embedded"] for d in done)
+    return Result({"reindexed": done, "embedded": total},
+                  f"embedded {total} memories" + "".join(f"\n  {d['bank']}: {d['embedded']}" for d in done))

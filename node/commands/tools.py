@@ -1,0 +1,131 @@
+"""The agent tools (remember, recall, list_memory_banks) and the commands built on them.
+
+``TOOLS`` is the tool table: per tool, the model of its arguments (what an MCP server will
+publish as the tool's input schema) and the function that runs it for one agent. The ``tool``
+command runs any of them by name; ``remember`` and ``recall`` are operator shortcuts whose
+parameters are the tool's arguments plus the agent (and, for recall, ``--all``): the same
+model, extended, so no argument is declared twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
+
+from pydantic import Field
+
+from node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, parse
+from node.commands.registry import command
+from node.commands.result import Result, json_text
+from node.memory.rows import MAX_KEY_CHARS, MAX_TAG_CHARS, MAX_TAGS, MAX_VALUE_CHARS
+from node.memory.view import DEFAULT_LIMIT, MAX_LIMIT
+
+if TYPE_CHECKING:
+    from node.library import Node
+    from node.memory.agents import Agent
+
+Tags = Annotated[list[str], Cli(flag="--tag"), Field(
+    description=f"up to {MAX_TAGS} tags of 1-{MAX_TAG_CHARS} characters")]
+
+
+class RememberArgs(Params):
+    key: Annotated[str, Cli(positional=True), Field(
+        description=f"the memory's key, 1-{MAX_KEY_CHARS} characters; a newer memory with the same key supersedes it")]
+    value: Annotated[str, Cli(positional=True), Field(description=f"what to remember, 1-{MAX_VALUE_CHARS} characters")]
+    tags: Tags = []
+    bank: OptionalBank = None
+
+
+class RecallArgs(Params):
+    query: Annotated[str, Cli(positional=True), Field(
+        description="what to look for; empty: the newest memories")] = ""
+    tags: Annotated[list[str], Cli(flag="--tag"), Field(
+        description="only memories carrying all these tags (compared case-insensitively)")] = []
+    limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description="how many memories at most")] = DEFAULT_LIMIT
+    bank: OptionalBank = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    args: type[Params]
+    run: Callable[["Node", "Agent", Any], dict[str, Any]]
+    description: str
+
+
+def _remember(node: "Node", agent: "Agent", a: RememberArgs) -> dict[str, Any]:
+    return node.memory.remember(agent, a.key, a.value, a.tags, a.bank)
+
+
+def _recall(node: "Node", agent: "Agent", a: RecallArgs, include_superseded: bool = False) -> dict[str, Any]:
+    return node.memory.recall(agent, a.query, a.tags, a.limit, a.bank, include_superseded=include_superseded)
+
+
+def _list_banks(node: "Node", agent: "Agent", a: NoParams) -> dict[str, Any]:
+    return node.memory.list_banks(agent)
+
+
+TOOLS: dict[str, Tool] = {
+    "remember": Tool(RememberArgs, _remember, "Store a memory in the agent's own memory or in a bank."),
+    "recall": Tool(RecallArgs, _recall, "Search memories by words and meaning, optionally filtered by tags."),
+    "list_memory_banks": Tool(NoParams, _list_banks,
+                              "List the banks this agent can use (itself first), with its permission on each."),
+}
+
+
+class ToolCall(Params):
+    agent: AgentName
+    tool: Annotated[Literal[tuple(TOOLS)], Cli(positional=True), Field(description="the tool to run")]  # type: ignore[valid-type]
+    args: Annotated[dict[str, Any], Cli(positional=True), Field(
+        description="the tool's arguments as a JSON object")] = {}
+
+
+def _tool_result(data: dict[str, Any]) -> Result:
+    return Result(data, json_text(data), list(data.get("warnings", [])))
+
+
+@command("tool", ToolCall, "run an agent tool: remember, recall or list_memory_banks")
+def tool(node: "Node", p: ToolCall) -> Result:
+    spec = TOOLS[p.tool]
+    args = parse(spec.args, p.args, p.tool)
+    return _tool_result(spec.run(node, node.agents.agent(p.agent), args))
+
+
+class Remember(RememberArgs, AgentParams):
+    pass
+
+
+@command("remember", Remember, "store a memory (shortcut for the remember tool)")
+def remember(node: "Node", p: Remember) -> Result:
+    return _tool_result(_remember(node, node.agents.agent(p.agent), p))
+
+
+class Recall(RecallArgs, AgentParams):
+    include_superseded: Annotated[bool, Cli(flag="--all"), Field(
+        description="also list rows superseded by a newer row for the same key")] = False
+
+
+@command("recall", Recall, "search memories (shortcut for the recall tool)")
+def recall(node: "Node", p: Recall) -> Result:
+    data = _recall(node, node.agents.agent(p.agent), p, include_superseded=p.include_superseded)
+    return Result(data, render_memories(data), list(data.get("warnings", [])))
+
+
+def render_memories(data: dict[str, Any]) -> str:
+    if not data["memories"]:
+        return data["message"]
+    lines = []
+    for m in data["memories"]:
+        tags = f" [{', '.join(m['tags'])}]" if m["tags"] else ""
+        lines.append(f"{m['key']}: {m['value']}{tags}  ({m['time']}, {m['bank']})")
+    return "\n".join(lines)
+
+
+class AutoRecall(AgentParams):
+    messages: Annotated[list[str], Cli(positional=True, metavar="MESSAGE"), Field(
+        description="the conversation so far, oldest first (the last 5 are used)")]
+    session: Annotated[str | None, Field(description="the session, for banks attached to one session")] = None
+
+
+@command("autorecall", AutoRecall, "print the Relevant Memories block for the last messages")
+def autorecall(node: "Node", p: AutoRecall) -> Result:
+    text = node.memory.auto_recall(node.agents.agent(p.agent), p.messages, p.session)
+    return Result({"block": text}, text.rstrip("\n"))

@@ -1,0 +1,68 @@
+"""`memmesh explain`: why an entry was accepted or refused, through the command line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from node import Node
+from node.commands.audit import knows
+from tests.test_cli import mm
+
+
+@pytest.fixture
+def home(tmp_path):
+    """A node with agent alpha and bank notes, set up through the library (faster than the CLI)."""
+    h = tmp_path / "node"
+    with Node.open(h) as node:
+        node.run("embedder.set", {"provider": "none"})
+        node.run("agent.new", {"name": "alpha"})
+        node.run("memory.new", {"name": "notes"})
+        node.run("memory.grant", {"bank": "notes", "agent": "alpha", "perm": "write"})
+    return h
+
+
+def test_explain_an_accepted_entry_asks_every_database(home):
+    entry = json.loads(mm("remember", "alpha", "deploy", "nix build", "--bank", "notes", "--json",
+                          home=home).stdout)["entry"]
+    out = mm("explain", entry, home=home).stdout
+    assert "Accepted" in out and entry in out and "notes" in out
+    data = json.loads(mm("explain", entry, "--json", home=home).stdout)
+    assert data["entry"] == entry and data["name"] == "notes"
+    assert data["explanation"].splitlines()[1].startswith("Accepted")
+
+
+def test_explain_with_bank_asks_only_that_bank(home):
+    entry = json.loads(mm("remember", "alpha", "k", "in alpha's own database", "--json", home=home).stdout)["entry"]
+    by_agent = json.loads(mm("explain", entry, "--bank", "alpha", "--json", home=home).stdout)
+    assert by_agent["name"] == "alpha" and "Accepted" in by_agent["explanation"]
+    elsewhere = mm("explain", entry, "--bank", "notes", home=home, check=False)
+    assert elsewhere.returncode == 1 and elsewhere.stdout == ""
+    [line] = elsewhere.stderr.strip().splitlines()
+    assert "not known to notes" in line
+    missing_bank = mm("explain", entry, "--bank", "no-such-bank", home=home, check=False)
+    assert missing_bank.returncode == 1 and "no bank 'no-such-bank'" in missing_bank.stderr
+
+
+def test_explain_an_unknown_id_is_one_line_and_exit_1(home):
+    unknown = "sha256:" + "0" * 64
+    proc = mm("explain", unknown, home=home, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    [line] = proc.stderr.strip().splitlines()
+    assert line == f"memmesh: error: {unknown} is not known to any database of this node"
+
+
+def test_knows_prefers_the_database_method():
+    class Newer:
+        def knows(self, entry_id):  # stored, pending or recently refused
+            return entry_id == "sha256:refused"
+
+        def entry(self, entry_id):
+            return None
+
+    class Older:
+        def entry(self, entry_id):
+            return object() if entry_id == "sha256:stored" else None
+
+    assert knows(Newer(), "sha256:refused") and not knows(Newer(), "sha256:other")
+    assert knows(Older(), "sha256:stored") and not knows(Older(), "sha256:refused")

@@ -6,7 +6,6 @@ import json
 import pytest
 
 from node import Node
-from node.commands.audit import knows
 from tests.test_cli import mm
 
 
@@ -52,17 +51,17 @@ def test_explain_an_unknown_id_is_one_line_and_exit_1(home):
     assert line == f"memmesh: error: {unknown} is not known to any database of this node"
 
 
-def test_knows_prefers_the_database_method():
-    class Newer:
-        def knows(self, entry_id):  # stored, pending or recently refused
-            return entry_id == "sha256:refused"
+def test_explain_an_entry_refused_before_storage_in_a_later_process(home):
+    """The refusal record is persistent: a new CLI process explains a refused entry by the
+    digest of its bytes."""
+    from crdt.entry import id_of
 
-        def entry(self, entry_id):
-            return None
-
-    class Older:
-        def entry(self, entry_id):
-            return object() if entry_id == "sha256:stored" else None
-
-    assert knows(Newer(), "sha256:refused") and not knows(Newer(), "sha256:other")
-    assert knows(Older(), "sha256:stored") and not knows(Older(), "sha256:refused")
+    with Node.open(home) as node:
+        bank = node.agents.resolve("notes").db
+        stored = list(bank.storage.entries(bank.id))[-1]  # not the root: its id is the database id
+        forged = bytearray(stored.header)
+        forged[-1] ^= 1  # the signature no longer verifies
+        bank.ingest([(bytes(forged), dict(stored.payloads))], source="peer:test")
+    digest = id_of(bytes(forged))
+    out = mm("explain", digest, home=home).stdout
+    assert "refused (entry.signature) from peer:test" in out and "notes" in out

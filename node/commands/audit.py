@@ -27,9 +27,7 @@ class Explain(Params):
 
 def knows(db: Database, entry_id: str) -> bool:
     """Whether ``db`` has anything to say about the entry: stored, pending or recently refused."""
-    if hasattr(db, "knows"):  # Database.knows is newer than this command; older ones know stored entries only
-        return bool(db.knows(entry_id))
-    return db.entry(entry_id) is not None
+    return db.knows(entry_id)
 
 
 @command("explain", Explain, "explain why an entry was accepted or refused")

@@ -20,6 +20,7 @@ from node.memory.agents import Agents
 from node.memory.embedders import Embedder, EmbedderConfig, default_provider, make_embedder
 from node.memory.service import MemoryService
 from node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
+from node.worker import Network
 
 
 class Node(Home):
@@ -29,6 +30,7 @@ class Node(Home):
         super().__init__(*args, **kwargs)
         self.agents = Agents(self)
         self._memory: MemoryService | None = None
+        self.network = Network()  # serve points it at its loop and database thread
 
     @classmethod
     def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = 30.0) -> "Node":

@@ -20,6 +20,7 @@ from node.memory.agents import Agents
 from node.memory.embedders import Embedder, EmbedderConfig, default_provider, make_embedder
 from node.memory.service import MemoryService
 from node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
+from node.sync.state import SyncState
 from node.worker import Network
 
 
@@ -31,12 +32,20 @@ class Node(Home):
         self.agents = Agents(self)
         self._memory: MemoryService | None = None
         self.network = Network()  # serve points it at its loop and database thread
+        self._sync: SyncState | None = None
 
     @classmethod
     def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = 30.0) -> "Node":
         node = super().open(home, create=create, lock_timeout=lock_timeout)
         assert isinstance(node, Node)
         return node
+
+    @property
+    def sync(self) -> SyncState:
+        """What this node shares, the peers it knows, its invites and its links' status."""
+        if self._sync is None:
+            self._sync = SyncState(self.storage, str(self.peer_key.public))
+        return self._sync
 
     # ------------------------------------------------------------------ embedder
     def embedder_config(self) -> EmbedderConfig:

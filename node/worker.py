@@ -95,6 +95,11 @@ class Network:
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None  # set by serve
         self.db: DbThread | None = None
+        # Set by serve's sync service: addresses LAN discovery knows for a peer key, the peers
+        # seen on the LAN, and "sync this database soon".
+        self.lookup: Callable[[str], list[str]] = lambda key: []
+        self.discovered: Callable[[], list[dict[str, Any]]] = lambda: []
+        self.poke: Callable[[str], None] = lambda db_id: None
 
     @property
     def serving(self) -> bool:

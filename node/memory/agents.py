@@ -225,6 +225,7 @@ class Agents:
             raise AuthError("auth.bad_op", f"{agent_name} always opens its own database; nothing to grant")
         target = str(agent.key.public)
         before = bank.db.permission(target)
+        self._check_admin(bank)
         bank.db.change_settings(bank.admin_key, [GrantOp(target, perm, None if perm == "read" else WRITE_PRIORITY)])
         try:
             self.write_ref(agent, {"op": "add", "bank": bank.db.id, "name": bank.name, "perm": perm})
@@ -242,6 +243,7 @@ class Agents:
         target = str(agent.key.public)
         if bank.db.permission(target) is None:
             raise AuthError("auth.not_granted", f"{agent_name} holds no permission on {bank.name}")
+        self._check_admin(bank)
         bank.db.change_settings(bank.admin_key, [RevokeOp(target)])
         warning = None
         try:
@@ -249,6 +251,18 @@ class Agents:
         except Exception as exc:  # the revocation stands; a stale ref only lists a bank it cannot open
             warning = f"revoked, but the reference in {agent_name}'s database was not removed: {exc}"
         return bank, agent, warning
+
+    def _check_admin(self, bank: BankRef) -> None:
+        """Granting needs Admin on the bank: say what to do when this node does not hold it
+        (a bank imported with write or read)."""
+        held = bank.db.permission(str(bank.admin_key.public))
+        if held is None or held.level != "admin":
+            have = "no permission" if held is None else held.level
+            raise AuthError("auth.not_admin",
+                            f"this node holds {have} on {bank.name}, and granting its agents needs admin on "
+                            "the bank: import a ticket shared with --perm admin (memmesh memory share "
+                            f"{bank.name} --perm admin on a node that administers it), or ask an admin of the "
+                            "bank to grant the agent's key")
 
     def write_ref(self, agent: Agent, value: dict[str, Any]) -> str:
         return self._append(agent, BANKS_STORE, value)

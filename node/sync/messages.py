@@ -10,7 +10,7 @@ docs/protocol.md section 6 specifies each message.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import msgpack
 
@@ -372,23 +372,37 @@ class PeersReply:
 
 @dataclass(frozen=True)
 class RedeemRequest:
-    """Redeem a ticket's single-use invite for the caller's own key (see tickets/)."""
+    """Redeem a ticket's single-use invite for the caller's own key, at ``perm`` at most the
+    ticket's (see tickets/ and node/sync/sharing.py)."""
 
     op = "redeem"
     db: str
     ticket: str  # the ticket's text without its secret
-    proof: bytes  # the invite key's signature over the redemption (tickets.redemption_message)
+    perm: str  # "admin", "write" or "read"
+    proof: bytes  # the invite key's signature over redemption_message(db, caller, ticket, perm)
 
     def encode(self) -> dict:
-        return {"db": id_to_raw(self.db), "proof": self.proof, "ticket": self.ticket}
+        return {"db": id_to_raw(self.db), "perm": self.perm, "proof": self.proof, "ticket": self.ticket}
 
     @classmethod
     def decode(cls, obj: Mapping[str, Any]) -> "RedeemRequest":
-        _fields(obj, ("db", "proof", "ticket"))
+        _fields(obj, ("db", "perm", "proof", "ticket"))
         proof = obj["proof"]
         if type(proof) is not bytes or len(proof) != 64:
             raise _bad("proof is a 64-byte signature")
-        return cls(raw_to_id(_raw32(obj["db"], "db")), _text(obj["ticket"], "ticket"), proof)
+        if obj["perm"] not in ("admin", "write", "read"):
+            raise _bad("perm is admin, write or read")
+        return cls(raw_to_id(_raw32(obj["db"], "db")), _text(obj["ticket"], "ticket"), obj["perm"], proof)
+
+
+def redemption_message(db: str, importer: str, ticket: str, perm: str) -> bytes:
+    """What an invite key signs to redeem its ticket (domain ``ticket-redeem``)."""
+    import hashlib
+
+    from auth.keys import PublicKey
+
+    return msgpack.packb([id_to_raw(db), PublicKey.parse(importer).raw,
+                          hashlib.sha256(ticket.encode("ascii")).digest(), perm], use_bin_type=True)
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,9 @@ class ServedNode(Protocol):
     def learn_peers(self, db_id: str, caller: str, peers: list[m.PeerInfo]) -> None:
         """Hints from a peer that may read the database: whom it syncs it with."""
 
-    def redeem(self, db: Database, caller: str, ticket: str, proof: bytes) -> str:
-        """Redeem an invite for ``caller``; returns the settings entry id; RejectedError if not."""
+    def redeem(self, db_id: str, caller: str, ticket: str, perm: str, proof: bytes) -> str | None:
+        """Redeem an invite for ``caller``: the settings entry id; None (answered as not found)
+        unless the proof shows the caller holds this node's invite; RejectedError after that."""
 
 
 # ------------------------------------------------------------------------ server
@@ -143,6 +144,9 @@ class SyncServer:
     def _dispatch(self, op: str, request: Any, caller: Caller, now: int) -> tuple[int, Any]:
         if op == "hello":
             return 200, m.Hello()
+        if op == "redeem":  # the caller cannot read the database yet: the invite is its proof
+            entry = self.node.redeem(request.db, caller.key, request.ticket, request.perm, request.proof)
+            return (404, NOT_FOUND) if entry is None else (200, m.RedeemReply(entry))
         db = self.node.readable(request.db, caller.key)
         if db is None:
             return 404, NOT_FOUND
@@ -172,8 +176,6 @@ class SyncServer:
         if op == "peers":
             self.node.learn_peers(request.db, caller.key, request.peers)
             return 200, m.PeersReply(self.node.peers_of(request.db, caller.key))
-        if op == "redeem":
-            return 200, m.RedeemReply(self.node.redeem(db, caller.key, request.ticket, request.proof))
         raise AssertionError(op)
 
 

@@ -1,34 +1,271 @@
 """The sync side of a serving node: the peer API, the sync daemon, LAN discovery, status.
 
-(Being built: the interface ``memmesh serve`` uses is fixed here.)
+* **Peer API**: ``SyncServer`` (node/sync/protocol.py) behind aiohttp routes; a database is
+  served only while it is shared (``memmesh memory share`` / ``import``) and only to keys that
+  hold at least Read on it; anything else answers exactly like a database that does not exist.
+* **Daemon**: per round (every ``interval_s``) each shared database is synced with a bounded
+  fan-out of its known peers, chosen at random among those not backing off; a commit (local or
+  received) triggers a round for its database at once (pushes go out well under a second
+  after commit). Failures back off exponentially with jitter (node/sync/peerbook.py).
+  Exchanges tell each peer whom else we sync the database with (peer exchange), so a bank
+  shared along a chain reaches every holder. Peers, backoff and link status are persisted.
+* **Discovery** (optional): announce this node on the LAN and look peers up by key when an
+  address hint fails.
+
+Every database call runs on the node's database thread (``node.network.runner()``).
 """
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
+
+from auth.permissions import holds
+from crdt.database import Database
+from node.sync import messages as m
+from node.sync import sharing
+from node.sync.http import HttpTransport, run_exchange, sync_app_routes
+from node.sync.protocol import Client, Exchange, SyncError, SyncServer
+from node.sync.state import now_ms
 
 if TYPE_CHECKING:
     from node.library import Node
 
+log = logging.getLogger("memmesh.sync")
+PUSH_DEBOUNCE_S = 0.02
+
+
+class ServedNode:
+    """What the sync server asks of the node (runs on the database thread)."""
+
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+
+    def readable(self, db_id: str, caller: str) -> Database | None:
+        if not self.node.sync.is_shared(db_id) or db_id not in self.node.database_ids():
+            return None
+        db = self.node.database(db_id)
+        return db if holds(db.permission(caller), "read") else None
+
+    def peers_of(self, db_id: str, caller: str) -> list[m.PeerInfo]:
+        return self.node.sync.peers.infos(db_id, exclude=caller, k=m.MAX_PEERS)
+
+    def learn_peers(self, db_id: str, caller: str, peers: list[m.PeerInfo]) -> None:
+        book = self.node.sync.peers
+        t = now_ms()
+        for p in peers[:m.MAX_PEERS]:
+            if p.addrs:
+                book.add(db_id, p.key, p.addrs, "exchange", t)
+        self.node.sync.save_peers()
+
+    def redeem(self, db_id: str, caller: str, ticket: str, perm: str, proof: bytes) -> str | None:
+        if not self.node.sync.is_shared(db_id) or db_id not in self.node.database_ids():
+            return None
+        return sharing.redeem(self.node, db_id, caller, ticket, perm, proof)
+
 
 class SyncService:
     def __init__(self, node: "Node", *, address: str, discovery: bool = True, interval_s: float = 5.0,
-                 fanout: int = 3) -> None:
+                 fanout: int = 3, seed: int | None = None) -> None:
         self.node = node
         self.address = address  # the address hint peers reach this node at: "http:host:port"
         self.discovery = discovery
         self.interval_s = interval_s
         self.fanout = fanout
+        self.server = SyncServer(node.peer_key, ServedNode(node))
+        self.client = Client(node.peer_key)
+        self._rnd = random.Random(seed)
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._wake: asyncio.Event | None = None
+        self._dirty: set[str] = set()
+        self._unsubscribe: dict[str, Any] = {}
+        self._running: dict[tuple[str, str], asyncio.Task] = {}
+        self._discovery: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.rounds = 0
 
+    # ------------------------------------------------------------------ lifecycle
     def add_routes(self, app: web.Application) -> None:
         """Add the peer sync API (/sync/v1/*) to the serve app."""
+        sync_app_routes(app, self.server, self.node.network.runner())
 
     async def start(self) -> None:
         """Start the daemon (and discovery); node.network is already pointed at serve's loop."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._session = aiohttp.ClientSession()
+        run = self.node.network.runner()
+        await run(lambda: self.node.sync.set_address(self.address))
+        if self.discovery:
+            await self._start_discovery()
+        loop = self._loop
+        self.node.network.lookup = self.discovered
+        self.node.network.discovered = lambda: self.status()["discovered"]
+        self.node.network.poke = lambda db_id: loop.call_soon_threadsafe(self._poke, db_id)
+        self._tasks.append(asyncio.create_task(self._daemon(), name="memmesh-sync-daemon"))
 
     async def stop(self) -> None:
         """Stop the daemon and discovery; in-flight exchanges end; nothing acknowledged is lost."""
+        for task in self._tasks + list(self._running.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._running.values(), return_exceptions=True)
+        self._tasks.clear()
+        run = self.node.network.runner()
+        for db_id, unsubscribe in list(self._unsubscribe.items()):
+            await run(unsubscribe)
+        self._unsubscribe.clear()
+        await run(self.node.sync.save_peers)
+        if self._discovery is not None:
+            try:
+                await self._discovery.stop()
+            except Exception as exc:  # stopping must not lose the rest of the shutdown
+                log.warning("discovery did not stop cleanly: %s", exc)
+        if self._session is not None:
+            await self._session.close()
 
+    async def _start_discovery(self) -> None:
+        try:
+            from node.sync.discovery import Discovery
+        except ImportError:  # pragma: no cover - the module ships with memmesh
+            return
+        host, port = self.address[len("http:"):].rsplit(":", 1)
+        try:
+            # A node listening on loopback announces (and looks) on loopback only.
+            self._discovery = (Discovery(interfaces=["127.0.0.1"], addresses=["127.0.0.1"]) if _loopback(host)
+                               else Discovery())
+            await self._discovery.start(int(port), str(self.node.peer_key.public))
+        except Exception as exc:
+            log.warning("LAN discovery is off: %s", exc)
+            self._discovery = None
+
+    # ------------------------------------------------------------------ daemon
+    def _watch(self, db_id: str) -> None:
+        """Push soon after every commit to this database (called on the database thread)."""
+        if db_id in self._unsubscribe or db_id not in self.node.database_ids():
+            return
+        loop = self._loop
+
+        def stored(_ids: tuple[str, ...]) -> None:
+            if loop is not None:
+                loop.call_soon_threadsafe(self._poke, db_id)
+
+        self._unsubscribe[db_id] = self.node.database(db_id).on_stored(stored)
+
+    def _poke(self, db_id: str) -> None:
+        self._dirty.add(db_id)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _daemon(self) -> None:
+        run = self.node.network.runner()
+        next_full = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            shared = await run(self._shared_and_watch)
+            now = loop.time()
+            if now >= next_full:
+                todo = set(shared)
+                next_full = now + self.interval_s
+            else:
+                todo = self._dirty & set(shared)
+            self._dirty -= todo
+            if todo:
+                self.rounds += 1
+                await asyncio.gather(*(self._round(db_id) for db_id in sorted(todo)), return_exceptions=True)
+            assert self._wake is not None
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_full - loop.time()))
+                await asyncio.sleep(PUSH_DEBOUNCE_S)  # gather the commits of one burst
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    def _shared_and_watch(self) -> list[str]:
+        shared = [d for d in self.node.sync.shared() if d in self.node.database_ids()]
+        for db_id in shared:
+            self._watch(db_id)
+        for db_id in list(self._unsubscribe):
+            if db_id not in shared:
+                self._unsubscribe.pop(db_id)()
+        return shared
+
+    async def _round(self, db_id: str) -> None:
+        run = self.node.network.runner()
+        peers = await run(lambda: self.node.sync.peers.choose(db_id, self.fanout, now_ms(), self._rnd))
+        results = await asyncio.gather(*(self.exchange(db_id, p.key, list(p.addrs)) for p in peers),
+                                       return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, (SyncError, asyncio.CancelledError)):
+                log.warning("sync of %s failed: %s", db_id, r)
+        await run(self.node.sync.save_peers)
+
+    async def exchange(self, db_id: str, peer: str, addrs: list[str]) -> Exchange | None:
+        """One exchange of ``db_id`` with ``peer``, trying its addresses (and, with discovery,
+        the address the LAN announces for its key); the outcome goes to the link status."""
+        key = (db_id, peer)
+        if key in self._running:  # one exchange per link at a time
+            return None
+        task = asyncio.current_task()
+        if task is not None:
+            self._running[key] = task
+        try:
+            return await self._exchange(db_id, peer, addrs)
+        finally:
+            self._running.pop(key, None)
+
+    async def _exchange(self, db_id: str, peer: str, addrs: list[str]) -> Exchange:
+        assert self._session is not None
+        run = self.node.network.runner()
+        candidates = list(addrs)
+        if self._discovery is not None:
+            found = self._discovery.find(peer)
+            if found is not None:
+                candidates += [a for a in found.addresses if a not in candidates]
+        db = await run(lambda: self.node.database(db_id))
+        known = await run(lambda: [m.PeerInfo(str(self.node.peer_key.public), (self.address,))]
+                          + self.node.sync.peers.infos(db_id, exclude=peer, k=16, rnd=self._rnd))
+        last_error: SyncError | None = None
+        for address in candidates:
+            exchange = Exchange(db, peer, known_peers=known)
+            try:
+                await run_exchange(HttpTransport(self._session), self.client, address, peer, exchange, run)
+            except SyncError as exc:
+                last_error = exc
+                continue
+            await run(lambda: self._record_success(db_id, peer, address, exchange))
+            return exchange
+        error = last_error or SyncError("sync.no_address", f"no address known for {peer}")
+        await run(lambda: self._record_failure(db_id, peer, error))
+        raise error
+
+    def _record_success(self, db_id: str, peer: str, address: str, exchange: Exchange) -> None:
+        self.node.sync.record_exchange(db_id, peer, address, exchange.stats)
+        st = exchange.stats
+        log.info("synced %s with %s at %s: pulled %d, pushed %d", db_id[:15], peer[:20], address, st.pulled, st.pushed)
+
+    def _record_failure(self, db_id: str, peer: str, error: SyncError) -> None:
+        self.node.sync.record_failure(db_id, peer, f"{error.reason}: {error}")
+        log.info("sync of %s with %s failed: %s", db_id[:15], peer[:20], error)
+
+    # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
-        return {}
+        discovered = []
+        if self._discovery is not None:
+            discovered = [{"key": p.key, "addresses": list(p.addresses)} for p in self._discovery.peers()]
+        return {"address": self.address, "discovery": self._discovery is not None, "rounds": self.rounds,
+                "interval_s": self.interval_s, "fanout": self.fanout, "discovered": discovered}
+
+    def discovered(self, key: str) -> list[str]:
+        if self._discovery is None:
+            return []
+        found = self._discovery.find(key)
+        return list(found.addresses) if found else []
+
+
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "[::1]") or host.startswith("127.")

@@ -1,0 +1,153 @@
+"""Sharing and syncing: memory.share, memory.unshare, memory.import, peers, sync."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import Field
+
+from auth.errors import MemmeshError
+from node.commands.params import BankRef, Cli, NoParams, Params
+from node.commands.registry import command
+from node.commands.result import Result
+from node.sync import sharing
+from node.sync.state import now_ms
+
+if TYPE_CHECKING:
+    from node.library import Node
+
+_DURATION = re.compile(r"^(\d{1,9})([smhd]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> int:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise sharing.ShareError(f"a duration looks like 30m, 12h or 7d (or seconds), got {text!r}")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+class MemoryShare(Params):
+    bank: BankRef
+    perm: Annotated[Literal["admin", "write", "read"], Cli(metavar="PERM"), Field(
+        description="what the importing peer may do (admin lets it grant its own agents)")] = "write"
+    for_: Annotated[str | None, Cli(flag="--for", metavar="PEERKEY"), Field(
+        alias="for", description="the importing peer's key (ed25519:...); without it the ticket "
+                                 "carries a single-use invite secret")] = None
+    expires: Annotated[str, Cli(metavar="DURATION"), Field(description="how long the ticket is valid: 30m, 12h, 7d")] = "7d"
+
+
+@command("memory.share", MemoryShare, "print a signed ticket that lets another peer import a bank")
+def memory_share(node: "Node", p: MemoryShare) -> Result:
+    address = node.sync.address() or sharing.DEFAULT_ADDRESS
+    shared = sharing.share(node, p.bank, perm=p.perm, recipient=p.for_, expires_s=parse_duration(p.expires),
+                           address=address)
+    node.network.poke(shared.db)
+    t = shared.ticket
+    warnings = [] if node.network.serving else [
+        "memmesh serve is not running for this home: the importing peer can reach this node only "
+        f"once it runs (the ticket points at {address})"]
+    kind = f"for {t.recipient}" if t.recipient else "with a single-use invite (keep the whole ticket secret)"
+    return Result({"ticket": shared.text, "bank": shared.bank, "db": shared.db, "perm": t.perm,
+                   "priority": t.priority, "expires": t.expires, "recipient": t.recipient,
+                   "addresses": list(t.addresses)},
+                  f"{shared.text}\n\nticket for {shared.bank} ({t.perm}), {kind}, valid until "
+                  f"{_when(t.expires)}; import it with: memmesh memory import TICKET {t.perm}", warnings)
+
+
+class MemoryUnshare(Params):
+    bank: BankRef
+
+
+@command("memory.unshare", MemoryUnshare, "stop serving a bank to peers (keys they hold stay granted)")
+def memory_unshare(node: "Node", p: MemoryUnshare) -> Result:
+    name, was = sharing.unshare(node, p.bank)
+    text = (f"{name} is no longer served to peers; keys already granted stay in its settings "
+            f"(revoke them with memmesh memory revoke)") if was else f"{name} was not shared; nothing changed"
+    return Result({"bank": name, "was_shared": was}, text)
+
+
+class MemoryImport(Params):
+    ticket: Annotated[str, Cli(positional=True), Field(description="the ticket (memmesh:?db=...)")]
+    perm: Annotated[Literal["admin", "write", "read"], Cli(positional=True), Field(
+        description="what this peer asks for: at most what the ticket gives")] = "write"
+    name: Annotated[str | None, Cli(metavar="NAME"), Field(description="the local name of the bank "
+                                                                       "(default: its display name)")] = None
+
+
+@command("memory.import", MemoryImport, "import a bank from a ticket: verify, reach the issuer, copy it, sync it")
+def memory_import(node: "Node", p: MemoryImport) -> Result:
+    def make(run):
+        return sharing.import_ticket(node, p.ticket, p.perm, p.name, run, lookup=node.network.lookup)
+
+    imported = node.network.run(make)
+    node.network.poke(imported.db)
+    hint = "" if imported.perm == "admin" else (
+        f"\n(this node holds {imported.perm}: granting its agents needs admin on the bank)")
+    return Result({"name": imported.name, "db": imported.db, "perm": imported.perm, "entries": imported.entries,
+                   "peer": imported.peer, "address": imported.address},
+                  f"imported {imported.name} ({imported.db}) with {imported.perm}: {imported.entries} entries "
+                  f"from {imported.address}{hint}")
+
+
+@command("peers", NoParams, "peers this node knows, per shared bank, and how it learnt them")
+def peers(node: "Node", p: NoParams) -> Result:
+    rows = []
+    for db_id in node.sync.peers.databases():
+        name = node.agents.name_of(db_id)
+        for rec in node.sync.peers.peers(db_id):
+            rows.append({"db": db_id, "bank": name, "key": rec.key, "addresses": list(rec.addrs), "how": rec.how,
+                         "ways": sorted(rec.ways), "last_success_ms": rec.last_success, "last_error": rec.last_error,
+                         "failures": rec.failures, "next_try_ms": rec.next_try_ms})
+    lan = node.network.discovered()
+    lines = [f"{r['bank']:<16} {r['key']}  {r['how']:<8} {', '.join(r['addresses'])}"
+             + (f"  last error: {r['last_error']}" if r["last_error"] else "") for r in rows]
+    lines += [f"{'(LAN)':<16} {d['key']}  lan      {', '.join(d['addresses'])}" for d in lan]
+    return Result({"peers": rows, "lan": lan}, "\n".join(lines) or "no peers yet (import a ticket, or share a bank)")
+
+
+class Sync(Params):
+    bank: Annotated[str | None, Cli(positional=True), Field(description="only this bank (default: every shared bank)")] = None
+    peer: Annotated[str | None, Cli(metavar="URL"), Field(description="sync with this address (http:HOST:PORT) "
+                                                                     "instead of the known peers")] = None
+
+
+class SyncFailed(MemmeshError):
+    """A one-shot sync that could not reach a peer."""
+
+
+@command("sync", Sync, "sync shared banks with their peers now (exit 1 if a peer could not be reached)")
+def sync(node: "Node", p: Sync) -> Result:
+    from node.sync.oneshot import sync_now
+
+    if p.bank is not None:
+        dbs = [node.agents.resolve(p.bank).db.id]
+    else:
+        dbs = [d for d in node.sync.shared() if d in node.database_ids()]
+    report = node.network.run(lambda run: sync_now(node, dbs, p.peer, run))
+    lines = [f"{node.agents.name_of(r['db'])}: {r['peer'][:28]}... at {r['address']}: "
+             + (f"pulled {r['pulled']}, pushed {r['pushed']}" if r["ok"] else f"FAILED: {r['error']}") for r in report]
+    failed = [r for r in report if not r["ok"]]
+    if failed:
+        raise SyncFailed("\n".join(lines) if lines else "no peer could be reached")
+    return Result({"exchanges": report}, "\n".join(lines) or "nothing to sync: no shared bank has a known peer")
+
+
+def _when(epoch_s: int) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch_s))
+
+
+def sync_status(node: "Node") -> list[dict]:
+    """Per shared bank and peer: the last exchange's outcome (for `memmesh status`)."""
+    out = []
+    t = now_ms()
+    for link in node.sync.links():
+        rec = node.sync.peers.get(link.db, link.peer)
+        out.append({"db": link.db, "bank": node.agents.name_of(link.db), "peer": link.peer,
+                    "last_success_ms": link.last_success_ms, "last_error": link.last_error,
+                    "behind": link.lacking, "peer_behind": link.peer_lacking, "pulled": link.pulled,
+                    "pushed": link.pushed, "refused": dict(link.refused),
+                    "backoff_ms": max(0, rec.next_try_ms - t) if rec else 0})
+    return out

@@ -1,0 +1,161 @@
+"""A node's sync state, peer-local (never synced): which databases it serves, the peers it
+knows for each, the invites it issued, and per database and peer the outcome of the last
+exchanges. Kept in the storage's local records, so it survives restarts and a one-shot
+`memmesh status` reads what the daemon last recorded."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from crdt.storage import Storage
+from node.sync.peerbook import PeerBook, PeerBookError
+
+NS = "sync"
+NS_SHARED = "sync-shared"
+NS_INVITES = "sync-invites"
+NS_STATUS = "sync-status"
+PEERBOOK_KEY = "peerbook"
+ADDRESS_KEY = "address"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Invite:
+    db: str
+    perm: str
+    priority: int | None
+    expires: int  # seconds since the epoch
+    ticket: str  # the ticket's text without its secret
+    used_by: str | None = None
+    entry: str | None = None  # the settings entry that recorded the redemption
+
+
+@dataclass
+class LinkStatus:
+    """What the last exchanges of one database with one peer showed."""
+
+    db: str
+    peer: str
+    last_attempt_ms: int = 0
+    last_success_ms: int | None = None
+    last_error: str | None = None
+    lacking: int = 0  # entries we lacked, per the peer, at the last exchange
+    peer_lacking: int = 0  # entries the peer lacked, per us
+    pulled: int = 0  # entries stored from the peer, all exchanges
+    pushed: int = 0  # entries the peer stored from us, all exchanges
+    refused: dict[str, int] = field(default_factory=dict)  # reason -> count, both directions
+    bytes_in: int = 0
+    bytes_out: int = 0
+    exchanges: int = 0
+
+
+class SyncState:
+    def __init__(self, storage: Storage, self_key: str) -> None:
+        self._s = storage
+        self.self_key = self_key
+        self._book: PeerBook | None = None
+        self._links: dict[tuple[str, str], LinkStatus] = {}
+        for key, raw in storage.items_local(NS_STATUS):
+            try:
+                status = LinkStatus(**json.loads(raw))
+            except (TypeError, ValueError):
+                continue  # a record of an older layout: it is rewritten at the next exchange
+            self._links[(status.db, status.peer)] = status
+
+    # ------------------------------------------------------------------ serving
+    def shared(self) -> list[str]:
+        return [k for k, _ in self._s.items_local(NS_SHARED)]
+
+    def is_shared(self, db_id: str) -> bool:
+        return self._s.get_local(NS_SHARED, db_id) is not None
+
+    def share(self, db_id: str) -> None:
+        self._s.put_local(NS_SHARED, db_id, json.dumps({"since_ms": now_ms()}).encode())
+
+    def unshare(self, db_id: str) -> bool:
+        return self._s.delete_local(NS_SHARED, db_id)
+
+    def address(self) -> str | None:
+        raw = self._s.get_local(NS, ADDRESS_KEY)
+        return None if raw is None else raw.decode()
+
+    def set_address(self, address: str) -> None:
+        self._s.put_local(NS, ADDRESS_KEY, address.encode())
+
+    # ------------------------------------------------------------------ peers
+    @property
+    def peers(self) -> PeerBook:
+        if self._book is None:
+            raw = self._s.get_local(NS, PEERBOOK_KEY)
+            try:
+                self._book = PeerBook.from_bytes(raw, self_key=self.self_key) if raw else PeerBook(self.self_key)
+            except PeerBookError:
+                self._book = PeerBook(self.self_key)  # a damaged book is rebuilt from tickets and exchange
+        return self._book
+
+    def save_peers(self) -> None:
+        if self._book is not None:
+            self._s.put_local(NS, PEERBOOK_KEY, self._book.to_bytes())
+
+    # ------------------------------------------------------------------ invites
+    def invite(self, key: str) -> Invite | None:
+        raw = self._s.get_local(NS_INVITES, key)
+        return None if raw is None else Invite(**json.loads(raw))
+
+    def put_invite(self, key: str, invite: Invite) -> None:
+        self._s.put_local(NS_INVITES, key, json.dumps(asdict(invite), sort_keys=True).encode())
+
+    # ------------------------------------------------------------------ link status
+    def link(self, db_id: str, peer: str) -> LinkStatus:
+        status = self._links.get((db_id, peer))
+        if status is None:
+            status = self._links[(db_id, peer)] = LinkStatus(db_id, peer)
+        return status
+
+    def links(self, db_id: str | None = None) -> list[LinkStatus]:
+        return [s for (d, _p), s in sorted(self._links.items()) if db_id is None or d == db_id]
+
+    def save_link(self, status: LinkStatus) -> None:
+        self._s.put_local(NS_STATUS, f"{status.db} {status.peer}", json.dumps(asdict(status), sort_keys=True).encode())
+
+    def record_exchange(self, db_id: str, peer: str, address: str, stats: Any, how: str = "exchange") -> LinkStatus:
+        """A finished exchange (``stats``: protocol.ExchangeStats): the peer, what it taught us
+        about other peers, and the link's status."""
+        t = now_ms()
+        self.peers.add(db_id, peer, [address], how, t)
+        self.peers.record_success(db_id, peer, t)
+        for p in stats.peers:
+            if p.addrs:
+                self.peers.add(db_id, p.key, p.addrs, "exchange", t)
+        link = self.link(db_id, peer)
+        link.last_attempt_ms = link.last_success_ms = t
+        link.last_error = None
+        link.lacking = max(0, stats.lacking - stats.pulled)
+        link.peer_lacking = max(0, stats.peer_lacking - stats.pushed)
+        link.pulled += stats.pulled
+        link.pushed += stats.pushed
+        for reason, n in list(stats.pulled_refused.items()) + list(stats.push_refused.items()):
+            link.refused[reason] = link.refused.get(reason, 0) + n
+        link.bytes_in += stats.bytes_in
+        link.bytes_out += stats.bytes_out
+        link.exchanges += 1
+        self.save_link(link)
+        return link
+
+    def record_failure(self, db_id: str, peer: str, error: str) -> LinkStatus:
+        t = now_ms()
+        if self.peers.get(db_id, peer) is not None:
+            self.peers.record_failure(db_id, peer, t, error)
+        link = self.link(db_id, peer)
+        link.last_attempt_ms = t
+        link.last_error = error
+        self.save_link(link)
+        return link
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shared": self.shared(), "links": [asdict(s) for s in self.links()]}

@@ -1,0 +1,143 @@
+"""Sharing banks with tickets, between real homes over a real loopback HTTP server (in one
+process; the multi-process walkthrough is in tests/test_sync_processes.py)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from aiohttp import web
+
+from node import Node
+from node.sync import messages as m
+from node.sync import sharing
+from node.sync.service import SyncService
+from node.worker import run_here
+from tickets import TicketRejected, decode, encode
+
+
+@pytest.fixture
+async def issuer(tmp_path):
+    """Node A serving its sync API on 127.0.0.1 (in this loop), with bank project-notes."""
+    node = Node.open(tmp_path / "a")
+    node.run("embedder.set", {"provider": "none"})
+    node.run("agent.new", {"name": "alpha"})
+    node.run("memory.new", {"name": "project-notes", "description": "shared notes"})
+    node.run("memory.grant", {"bank": "project-notes", "agent": "alpha", "perm": "write"})
+    node.run("remember", {"agent": "alpha", "key": "architecture.sessions", "value": "one DB per conversation",
+                          "bank": "project-notes"})
+    app = web.Application(client_max_size=m.MAX_BODY_BYTES)
+    runner = web.AppRunner(app)
+    service = SyncService(node, address="http:127.0.0.1:0", discovery=False, interval_s=3600)
+    service.add_routes(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    service.address = f"http:127.0.0.1:{port}"
+    node.sync.set_address(service.address)
+    yield node
+    await runner.cleanup()
+    node.close()
+
+
+def _home(tmp_path, name: str) -> Node:
+    node = Node.open(tmp_path / name)
+    node.run("embedder.set", {"provider": "none"})
+    return node
+
+
+def _nothing_written(node: Node, db_id: str) -> bool:
+    return db_id not in node.database_ids() and not node.registry.banks() and not node.sync.shared()
+
+
+async def test_invite_ticket_with_admin_then_grant_a_local_agent(issuer, tmp_path):
+    share = issuer.run("memory.share", {"bank": "project-notes", "perm": "admin"}).data
+    assert "#secret=" in share["ticket"] and share["perm"] == "admin"
+    b = _home(tmp_path, "b")
+    imported = await sharing.import_ticket(b, share["ticket"], "admin", None, run_here)
+    assert (imported.name, imported.perm) == ("project-notes", "admin")
+    bank = b.agents.resolve("project-notes")
+    assert [r.value["value"] for r in bank.db.rows("memory")] == ["one DB per conversation"]
+    # Admin from a ticket is weaker than its issuer's, and the redemption is in the signed log.
+    a_db = issuer.agents.resolve("project-notes").db
+    issuer_perm = a_db.permission(str(issuer.peer_key.public))
+    b_perm = bank.db.permission(str(b.peer_key.public))
+    assert b_perm.level == "admin" and b_perm.priority > issuer_perm.priority
+    invite = decode(share["ticket"]).invite
+    assert a_db.settings().get(invite).status == "revoked"
+    # B administers the bank now: it grants its own agent.
+    b.run("agent.new", {"name": "gamma"})
+    b.run("memory.grant", {"bank": "project-notes", "agent": "gamma", "perm": "write"})
+    assert bank.db.permission(str(b.agents.agent("gamma").key.public)).level == "write"
+    # The invite works once: another node is refused, and nothing is written there.
+    c = _home(tmp_path, "c")
+    with pytest.raises(TicketRejected) as used:
+        await sharing.import_ticket(c, share["ticket"], "write", None, run_here)
+    assert used.value.reason == "ticket.used"
+    assert c.registry.banks() == []
+    b.close()
+    c.close()
+
+
+async def test_a_write_import_cannot_grant_and_says_what_to_do(issuer, tmp_path):
+    share = issuer.run("memory.share", {"bank": "project-notes"}).data
+    b = _home(tmp_path, "b")
+    imported = await sharing.import_ticket(b, share["ticket"], "write", None, run_here)
+    assert imported.perm == "write"
+    b.run("agent.new", {"name": "gamma"})
+    with pytest.raises(Exception, match="granting its agents needs admin on the bank"):
+        b.run("memory.grant", {"bank": "project-notes", "agent": "gamma", "perm": "write"})
+    b.close()
+
+
+async def test_recipient_ticket(issuer, tmp_path):
+    b = _home(tmp_path, "b")
+    c = _home(tmp_path, "c")
+    share = issuer.run("memory.share", {"bank": "project-notes", "perm": "read",
+                                        "for": str(b.peer_key.public)}).data
+    assert "#secret=" not in share["ticket"]
+    with pytest.raises(TicketRejected) as wrong:
+        await sharing.import_ticket(c, share["ticket"], "read", None, run_here)
+    assert wrong.value.reason == "ticket.recipient" and _nothing_written(c, share["db"])
+    imported = await sharing.import_ticket(b, share["ticket"], "read", None, run_here)
+    assert imported.perm == "read"
+    b.close()
+    c.close()
+
+
+async def test_refused_tickets_write_nothing(issuer, tmp_path):
+    share = issuer.run("memory.share", {"bank": "project-notes", "perm": "write"}).data
+    c = _home(tmp_path, "c")
+    # more than the ticket gives
+    with pytest.raises(TicketRejected) as more:
+        await sharing.import_ticket(c, share["ticket"], "admin", None, run_here)
+    assert more.value.reason == "ticket.permission"
+    # a changed field (another database id), a changed character anywhere
+    t = decode(share["ticket"])
+    text = share["ticket"]
+    i = text.index("&perm=")
+    flipped = text[:i] + text[i:].replace("write", "admin", 1)
+    with pytest.raises(TicketRejected):
+        await sharing.import_ticket(c, flipped, "admin", None, run_here)
+    # expired: the issuer signs one that expired a second ago
+    expired = issuer.run("memory.share", {"bank": "project-notes", "expires": "1"}).data["ticket"]
+    time.sleep(1.1)
+    with pytest.raises(TicketRejected) as old:
+        await sharing.import_ticket(c, expired, "write", None, run_here)
+    assert old.value.reason == "ticket.expired"
+    assert _nothing_written(c, t.db)
+    c.close()
+
+
+async def test_unshare_stops_serving(issuer, tmp_path):
+    share = issuer.run("memory.share", {"bank": "project-notes", "perm": "read"}).data
+    issuer.run("memory.unshare", {"bank": "project-notes"})
+    b = _home(tmp_path, "b")
+    with pytest.raises(sharing.ShareError, match="did not accept the invite: no such database"):
+        await sharing.import_ticket(b, share["ticket"], "read", None, run_here)
+    assert b.registry.banks() == []
+    # The invite was not spent on a bank that is not served: sharing again serves it.
+    issuer.run("memory.share", {"bank": "project-notes", "perm": "read"})
+    imported = await sharing.import_ticket(b, share["ticket"], "read", None, run_here)
+    assert imported.perm == "read"
+    b.close()

@@ -2,12 +2,17 @@
 
 Human output by default, ``--json`` for scripts. Any error is one line on stderr and a
 non-zero exit code (1 for a refused operation, 2 for a usage error).
+
+Where a command runs: while ``memmesh serve`` runs for the home, every other command goes
+through serve's control channel (node/control.py) and is rendered here exactly as if it had
+run in this process; otherwise the command opens the home itself (``run_in_home``).
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from auth.errors import MemmeshError
@@ -53,24 +58,55 @@ def _render(result: Result, as_json: bool) -> None:
         print(f"warning: {w}", file=sys.stderr)
 
 
+def failure(exc: BaseException) -> tuple[str, int] | None:
+    """The one line and the exit code that a failed command gives, or None for an exception
+    that is not a refusal (a bug: it propagates). serve answers with the same mapping."""
+    if isinstance(exc, MemmeshError):
+        return str(exc), 1
+    if isinstance(exc, OSError):  # the file system refused: say which file and why
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror or exc}{where}", 1
+    return None
+
+
+SERVE = "serve"  # the one command that never goes through serve
+
+
+def run_command(home: Path, name: str, params: dict[str, Any], events: Any = None) -> Result:
+    """Run one command for ``home``: through serve when it runs there, else in this process.
+
+    The parameters are checked first, so a refused command never waits for the home."""
+    from node.commands import REGISTRY
+    from node.control import refuse_if_serving, route
+
+    REGISTRY.get(name).parse(params)
+    client = None
+    if name == SERVE:
+        refuse_if_serving(home)
+    else:
+        client = route(home)
+    if client is None:
+        from node.library import run_in_home
+
+        return run_in_home(home, name, params, events=events)
+    with client:
+        return client.run(name, params, events=events)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="memmesh: %(message)s")
     from node.home import default_home
-    from node.library import run_in_home
 
     home = args.home or default_home()
     bars = ProgressBars()
     try:
         name, params = command_of(args)
-        result = run_in_home(home, name, params, events=bars)
-    except MemmeshError as exc:
-        print(f"memmesh: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # the file system refused: say which file and why
-        where = f" ({exc.filename})" if exc.filename else ""
-        print(f"memmesh: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 1
+        result = run_command(home, name, params, events=bars)
+    except (MemmeshError, OSError) as exc:
+        line, code = failure(exc)  # type: ignore[misc]
+        print(f"memmesh: error: {line}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         return 130
     finally:

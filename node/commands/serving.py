@@ -1,0 +1,65 @@
+"""serve: run the node in the foreground (sync API, daemon, control channel) until a signal.
+
+The one command whose handler is a transport: it is registered here like every other command
+(so the CLI, and later the HTTP API's schema, derive it from one model), and its handler hands
+the open node to node/serve.py, imported only when serve actually runs so that no other
+command pays for the server's imports.
+"""
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field, field_validator
+
+from node.commands.params import Cli, Params
+from node.commands.registry import command
+from node.commands.result import Result
+
+if TYPE_CHECKING:
+    from node.library import Node
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7411
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); port 0 picks a free port."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("should be HOST:PORT with a port from 0 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"should be HOST:PORT, and {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f"should be HOST:PORT, an IPv6 address in brackets: [{host}]:{port}")
+    return host, int(port)
+
+
+class Serve(Params):
+    listen: Annotated[str, Cli(metavar="HOST:PORT"), Field(
+        description=f"where the sync API listens (port 0: any free port); default {DEFAULT_HOST}:{DEFAULT_PORT}")] \
+        = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+    no_discovery: Annotated[bool, Field(description="do not announce this node or look for peers on the LAN")] = False
+    log_json: Annotated[bool, Field(description="log one JSON object per line instead of text")] = False
+    interval_s: Annotated[float, Cli(flag="--interval", metavar="SECONDS"), Field(
+        gt=0, le=86400, description="how often each shared database is pulled from its peers, in seconds")] = 5.0
+    fanout: Annotated[int, Cli(metavar="N"), Field(
+        ge=1, le=64, description="how many peers each database syncs with per round")] = 3
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+
+@command("serve", Serve, "run the node: the sync API for peers, the sync daemon, and the channel other commands use")
+def serve(node: "Node", p: Serve) -> Result:
+    from node.serve import serve_node  # the transport, imported only by the command that is one
+
+    return serve_node(node, listen=p.listen, discovery=not p.no_discovery, log_json=p.log_json,
+                      interval_s=p.interval_s, fanout=p.fanout)

@@ -1,0 +1,434 @@
+"""`memmesh serve`: one long-running process per home (docs/operations.md, "Running serve").
+
+It holds the home (its lock, for its whole life), serves the sync API to peers and runs the
+sync daemon (node/sync/service.py), and answers every other `memmesh` command for the home
+over a control channel, so those never wait on the home's lock:
+
+    HOME/serve.sock   the control channel: HTTP over a Unix socket of mode 0600 (node/control.py
+                      has the protocol and the client)
+    HOME/serve.json   pid, listen address, control socket, node key, start time (mode 0600);
+                      written once everything answers, removed first on the way out
+
+Threads: the asyncio loop moves bytes (sync API, control channel); one database thread
+(node.worker.DbThread) runs every call that touches the node, commands included, in order.
+``node.network`` points at both, so a command that needs the network runs its coroutine on
+this loop while the database thread keeps serving everyone else.
+
+Who may use the control channel: whoever can connect to the socket, i.e. its owner. The
+socket is created with mode 0600 (bound under umask 0177, then chmod), in a home that serve
+refuses unless the current user owns it and neither group nor others may write it, so nobody
+else can connect to it, or replace it with a socket of their own. Peer credentials
+(SO_PEERCRED) would check the same thing again, and are not portable; they are not read.
+
+SIGINT and SIGTERM stop it gracefully: serve.json goes (new commands then wait for the home
+and open it directly), the sync daemon stops, the listeners close, in-flight control commands
+and sync requests get up to DRAIN_S seconds to finish, the database thread drains its queue,
+then the socket goes and the node closes (which releases the lock). A command that was
+answered ok had committed before its answer (handlers commit before they return), so nothing
+acknowledged is lost; one still running at the deadline finishes on the database thread, its
+client is told the connection was lost.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from aiohttp import web
+
+from auth.errors import MemmeshError
+from node.commands import REGISTRY, Result
+from node.commands.registry import Event, Registry
+from node.commands.serving import DEFAULT_HOST, DEFAULT_PORT, parse_listen
+from node.control import SERVE_JSON, SERVE_SOCK, AlreadyServing, ServeError, read_info, refuse_if_serving, \
+    remove_files, socket_address
+from node.library import Node
+from node.sync.messages import MAX_BODY_BYTES
+from node.sync.service import SyncService
+from node.worker import DbThread
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "DRAIN_S", "ControlChannel", "LogFormatter", "serve", "serve_node"]
+
+DRAIN_S = 10.0  # how long in-flight requests get to finish on shutdown
+log = logging.getLogger("memmesh.serve")
+
+
+# ---------------------------------------------------------------------- logging
+class LogFormatter(logging.Formatter):
+    """One line per event. ``log.info("listening", extra={"fields": {...}})`` gives
+    ``2025-01-02T03:04:05.678Z info listening address=127.0.0.1:7411`` or, as JSON,
+    ``{"ts": ..., "level": "info", "event": "listening", "address": "127.0.0.1:7411"}``.
+    A plain record (another module's ``log.info("...", args)``) becomes the event ``log`` with
+    its logger and message; a traceback stays on the line (escaped)."""
+
+    def __init__(self, as_json: bool = False) -> None:
+        super().__init__()
+        self.as_json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        fields: dict[str, Any] = {"ts": ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z",
+                                  "level": record.levelname.lower()}
+        structured = getattr(record, "fields", None)
+        if structured is not None:
+            fields["event"] = record.getMessage()
+            fields.update(structured)
+        else:
+            fields.update({"event": "log", "logger": record.name, "message": record.getMessage()})
+        if record.exc_info:
+            fields["traceback"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        if self.as_json:
+            return json.dumps(fields, default=str, ensure_ascii=False)
+        head = f"{fields.pop('ts')} {fields.pop('level')} {fields.pop('event')}"
+        return " ".join([head, *(f"{k}={_value(v)}" for k, v in fields.items())])
+
+
+def _value(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, default=str, ensure_ascii=False)
+    if text and not any(c in text for c in ' "=\n\t\\'):
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _event(name: str, level: int = logging.INFO, exc_info: Any = None, **fields: Any) -> None:
+    log.log(level, name, extra={"fields": fields}, exc_info=exc_info)
+
+
+@contextlib.contextmanager
+def _logging_to(stream: TextIO, as_json: bool):
+    """Every log record of the process, one line each, to ``stream`` for serve's lifetime:
+    memmesh's own at INFO, other libraries' at WARNING."""
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    saved_levels = {n: logging.getLogger(n).level for n in ("memmesh", "node")}
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(LogFormatter(as_json))
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    for n in saved_levels:
+        logging.getLogger(n).setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        for n, level in saved_levels.items():
+            logging.getLogger(n).setLevel(level)
+
+
+# ---------------------------------------------------------------------- the home's files
+def check_home_private(home: Path) -> None:
+    """Refuse a home that another user could write (and so replace the control socket in)."""
+    st = os.stat(home)
+    if st.st_uid != os.getuid():
+        raise ServeError(f"{home} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}); "
+                         "serve runs only in a home its user owns")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "group and others" if st.st_mode & stat.S_IWGRP and st.st_mode & stat.S_IWOTH \
+            else "its group" if st.st_mode & stat.S_IWGRP else "others"
+        raise ServeError(f"{home} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}), so another user "
+                         f"could replace the control socket; run: chmod go-w {home}")
+
+
+def bind_control_socket(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path``, mode 0600 from the moment it exists."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)
+        try:
+            with socket_address(path) as address:
+                sock.bind(address)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_listen(listen: str) -> socket.socket:
+    host, port = parse_listen(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError as exc:
+        raise ServeError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+
+
+def _host_port(sock: socket.socket) -> tuple[str, int]:
+    host, port = sock.getsockname()[:2]
+    return (f"[{host}]" if ":" in host else host), port
+
+
+def write_info(home: Path, info: dict[str, Any]) -> None:
+    """serve.json, mode 0600, replaced atomically (a reader sees all of it or nothing)."""
+    tmp = home / f".{SERVE_JSON}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, home / SERVE_JSON)
+
+
+# ---------------------------------------------------------------------- the control channel
+class ControlChannel:
+    """The control channel's routes (protocol: node/control.py): each command runs on the
+    database thread, its events streamed as NDJSON lines while it runs, then its Result."""
+
+    def __init__(self, node: Node, db: DbThread, info: dict[str, Any], *, registry: Registry = REGISTRY,
+                 status: Callable[[], dict[str, Any]] = dict) -> None:
+        self.node = node
+        self.db = db
+        self.info = info
+        self.registry = registry
+        self.sync_status = status
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/run", self.handle_run)
+        app.router.add_get("/status", self.handle_status)
+        return app
+
+    async def handle_status(self, request: web.Request) -> web.Response:
+        return web.json_response({"serve": self.info, "sync": self.sync_status()})
+
+    async def handle_run(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.monotonic()
+        try:
+            body = await request.json()
+            name, params = body["name"], body.get("params", {})
+            if not isinstance(name, str):
+                raise TypeError("name is not a string")
+        except (ValueError, KeyError, TypeError) as exc:
+            line = {"ok": False, "error": "ProtocolError", "type": "ProtocolError", "exit": 1,
+                    "message": f"a control request is a JSON object {{\"name\", \"params\"}} ({exc})"}
+            return web.Response(status=400, text=json.dumps(line) + "\n", content_type="application/x-ndjson")
+
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        gone = False
+
+        async def send(line: dict[str, Any]) -> None:
+            nonlocal gone
+            if gone:
+                return
+            try:
+                await resp.write(json.dumps(line, default=str, ensure_ascii=False).encode() + b"\n")
+            except (ConnectionError, RuntimeError):  # the client went away; the command goes on
+                gone = True
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(event: Event) -> None:  # called on the database thread
+            with contextlib.suppress(RuntimeError):  # the loop is closing: nobody listens
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        job = asyncio.ensure_future(self.db.run(lambda: self._run(name, params, sink)))
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({job, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                await send({"event": getter.result()})
+                continue
+            getter.cancel()
+            break
+        while not queue.empty():  # events sent just before the handler returned
+            await send({"event": queue.get_nowait()})
+        try:
+            result: Result = job.result()
+            final: dict[str, Any] = {"ok": True, "data": result.data, "text": result.text,
+                                     "warnings": list(result.warnings)}
+        except BaseException as exc:  # everything goes back to the client as one line
+            final = error_line(exc, name)
+        await send(final)
+        if not gone:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await resp.write_eof()
+        _event("control", op=name, status="ok" if final["ok"] else final["error"],
+               ms=round((time.monotonic() - t0) * 1000, 1), **({"client": "gone"} if gone else {}))
+        return resp
+
+    def _run(self, name: str, params: Any, sink: Callable[[Event], None]) -> Result:
+        if name == "serve":
+            raise AlreadyServing(f"serve is already running for {self.node.home} (pid {self.info.get('pid')}, "
+                                 f"listening on {self.info.get('listen')})")
+        return self.registry.run(self.node, name, params, events=sink)
+
+
+def error_line(exc: BaseException, name: str) -> dict[str, Any]:
+    """The final line for a command that raised: the CLI's own mapping (node.cli.failure) of
+    exceptions to a message and an exit code; anything else is a bug, logged in full."""
+    from node.cli import failure
+
+    cls = type(exc)
+    line: dict[str, Any] = {"ok": False, "error": cls.__name__, "type": f"{cls.__module__}.{cls.__qualname__}"}
+    mapped = failure(exc)
+    if mapped is None:
+        _event("control.error", logging.ERROR, exc_info=(cls, exc, exc.__traceback__), op=name)
+        line.update(message=f"serve failed running {name}: {cls.__name__}: {exc} (serve's log has the details)",
+                    exit=1)
+        return line
+    line["message"], line["exit"] = mapped
+    if isinstance(exc, OSError) and not isinstance(exc, MemmeshError):
+        line.update(errno=exc.errno, strerror=exc.strerror, filename=exc.filename)
+    return line
+
+
+# ---------------------------------------------------------------------- the sync API's log
+@web.middleware
+async def _access_log(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+    t0 = time.monotonic()
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        fields = {"op": request.match_info.get("op") or request.path, "peer": request.remote, "status": status,
+                  "ms": round((time.monotonic() - t0) * 1000, 1)}
+        key = request.headers.get("memmesh-key")
+        if key:
+            fields["key"] = key  # as claimed: the protocol checks the signature
+        _event("request", **fields)
+
+
+# ---------------------------------------------------------------------- running
+def serve(home: Path | str, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}", discovery: bool = True,
+          log_json: bool = False, interval_s: float = 5.0, fanout: int = 3) -> Result:
+    """Open the node in ``home`` and serve it until SIGINT or SIGTERM (the library's entry)."""
+    home = Path(home)
+    refuse_if_serving(home)
+    node = Node.open(home, create=False)
+    try:
+        return serve_node(node, listen=listen, discovery=discovery, log_json=log_json,
+                          interval_s=interval_s, fanout=fanout)
+    finally:
+        node.close()
+
+
+def serve_node(node: Node, *, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}", discovery: bool = True,
+               log_json: bool = False, interval_s: float = 5.0, fanout: int = 3,
+               registry: Registry = REGISTRY, log_stream: TextIO | None = None) -> Result:
+    """Serve an open node (its caller holds the home and closes the node afterwards) until
+    SIGINT or SIGTERM; the `serve` command's handler."""
+    try:
+        parse_listen(listen)
+    except ValueError as exc:
+        raise ServeError(f"serve: listen {exc} (got {listen!r})") from None
+    check_home_private(node.home)
+    with _logging_to(log_stream or sys.stderr, log_json):
+        return asyncio.run(_serve(node, listen=listen, discovery=discovery, interval_s=interval_s,
+                                  fanout=fanout, registry=registry))
+
+
+async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float, fanout: int,
+                 registry: Registry) -> Result:
+    loop = asyncio.get_running_loop()
+    home = node.home
+    stop = asyncio.Event()
+    stopped_by: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stopped_by:
+            _event("signal", signal=sig.name, note="already stopping")
+            return
+        stopped_by.append(sig.name)
+        stop.set()
+
+    signals = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+            signals.append(sig)
+
+    _event("start", home=str(home), pid=os.getpid(), node_key=str(node.peer_key.public))
+    stale = read_info(home)
+    if stale is not None or (home / SERVE_SOCK).exists():
+        # We hold the home's lock, so no other serve runs: these are a dead serve's files.
+        _event("stale", logging.WARNING, pid=(stale or {}).get("pid", "?"), note="removed a dead serve's files")
+        remove_files(home)
+
+    db = DbThread()
+    node.network.loop, node.network.db = loop, db
+    tcp_sock = ctl_sock = None
+    sync: SyncService | None = None
+    sync_started = False
+    runners: list[web.AppRunner] = []
+    info: dict[str, Any] = {}
+    try:
+        tcp_sock = bind_listen(listen)
+        host, port = _host_port(tcp_sock)
+        sock_path = (home / SERVE_SOCK).absolute()
+        ctl_sock = bind_control_socket(sock_path)
+
+        sync = SyncService(node, address=f"http:{host}:{port}", discovery=discovery, interval_s=interval_s,
+                           fanout=fanout)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_access_log])
+        sync.add_routes(app)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
+        await runner.setup()
+        runners.append(runner)
+        await web.SockSite(runner, tcp_sock).start()
+        tcp_sock = None  # the site owns it now
+        _event("listening", address=f"{host}:{port}", sync=f"http://{host}:{port}/sync/v1/")
+
+        info.update(pid=os.getpid(), home=str(home.absolute()), listen=f"{host}:{port}", address=f"http:{host}:{port}",
+                    control=str(sock_path), node_key=str(node.peer_key.public),
+                    started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        channel = ControlChannel(node, db, info, registry=registry, status=sync.status)
+        ctl_runner = web.AppRunner(channel.app(), access_log=None, shutdown_timeout=DRAIN_S)
+        await ctl_runner.setup()
+        runners.append(ctl_runner)
+        await web.SockSite(ctl_runner, ctl_sock).start()
+        ctl_sock = None
+        _event("control.listening", socket=str(sock_path), mode="0600")
+
+        await sync.start()
+        sync_started = True
+        write_info(home, info)
+        _event("ready", pid=os.getpid(), listen=info["listen"], discovery=discovery, interval_s=interval_s,
+               fanout=fanout)
+        await stop.wait()
+        _event("stopping", signal=stopped_by[0] if stopped_by else None, drain_s=DRAIN_S)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            (home / SERVE_JSON).unlink()  # first: new commands stop coming here
+        if sync is not None and sync_started:
+            try:
+                await sync.stop()
+            except Exception:
+                _event("sync.stop", logging.ERROR, exc_info=True)
+        # Stop listening; in-flight requests and control commands get DRAIN_S to finish.
+        for r in reversed(runners):
+            await r.cleanup()
+        for s in (tcp_sock, ctl_sock):
+            if s is not None:
+                s.close()
+        await loop.run_in_executor(None, db.stop)  # after the queue drains
+        node.network.loop = node.network.db = None
+        with contextlib.suppress(FileNotFoundError):
+            (home / SERVE_SOCK).unlink()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        _event("stop", pid=os.getpid(), signal=stopped_by[0] if stopped_by else None)
+    return Result({"pid": os.getpid(), "listen": info.get("listen"), "signal": stopped_by[0] if stopped_by else None},
+                  "")

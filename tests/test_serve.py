@@ -322,6 +322,39 @@ def test_a_home_path_too_long_for_a_unix_socket_still_works(tmp_path):
     assert not (deep / SERVE_SOCK).exists()
 
 
+@pytest.mark.slow
+def test_two_serves_import_and_sync_a_bank_through_their_control_channels(tmp_path):
+    """What serve hosts: the sync API on its listen address, the daemon (a commit on one node
+    reaches the other soon after), and commands that wait on a peer (import runs on serve's
+    loop while the database thread keeps serving)."""
+    homes = [tmp_path / "a", tmp_path / "b"]
+    for h in homes:
+        node, _ = Node.init(h)
+        with node:
+            node.run("embedder.set", {"provider": "none"})
+    with serving(homes[0], "--interval", "1") as a, serving(homes[1], "--interval", "1") as b:
+        with remote(homes[0]) as ca, remote(homes[1]) as cb:  # type: ignore[union-attr]
+            ca.run("agent.new", {"name": "alpha"})
+            ca.run("memory.new", {"name": "notes"})
+            ca.run("memory.grant", {"bank": "notes", "agent": "alpha", "perm": "write"})
+            ca.run("remember", {"agent": "alpha", "key": "k1", "value": "before the import", "bank": "notes"})
+            ticket = ca.run("memory.share", {"bank": "notes", "perm": "admin"}).data["ticket"]
+            cb.run("memory.import", {"ticket": ticket, "perm": "admin"})
+            cb.run("agent.new", {"name": "beta"})
+            cb.run("memory.grant", {"bank": "notes", "agent": "beta", "perm": "read"})
+            ca.run("remember", {"agent": "alpha", "key": "k2", "value": "after the import", "bank": "notes"})
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                got = cb.run("tool", {"agent": "beta", "tool": "recall", "args": {"bank": "notes"}}).data
+                if {m["key"] for m in got["memories"]} == {"k1", "k2"}:
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"k2 did not reach b: {got}\n{a.log()}\n{b.log()}")
+        assert re.search(r"info request op=\w+ peer=127\.0\.0\.1 status=200 ms=", a.log()), a.log()
+        assert a.stop() == 0 and b.stop() == 0
+
+
 # ---------------------------------------------------------------------- in-process units
 class Wait(Params):
     seconds: Annotated[float, Field(description="how long to wait for the client's go-ahead")] = 5.0

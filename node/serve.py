@@ -256,12 +256,15 @@ class ControlChannel:
                                      "warnings": list(result.warnings)}
         except BaseException as exc:  # everything goes back to the client as one line
             final = error_line(exc, name)
+        # Logged before the answer goes out: whatever a client was told is in the log already.
+        _event("control", op=name, status="ok" if final["ok"] else final["error"],
+               ms=round((time.monotonic() - t0) * 1000, 1))
         await send(final)
         if not gone:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await resp.write_eof()
-        _event("control", op=name, status="ok" if final["ok"] else final["error"],
-               ms=round((time.monotonic() - t0) * 1000, 1), **({"client": "gone"} if gone else {}))
+        if gone:
+            _event("control.gone", logging.WARNING, op=name, note="the client left before the answer")
         return resp
 
     def _run(self, name: str, params: Any, sink: Callable[[Event], None]) -> Result:

@@ -31,6 +31,7 @@ bench: venv
 	$(BIN)/python bench/core.py --json bench/results/core.json
 	$(BIN)/python bench/recall.py --json bench/results/recall.json
 	$(BIN)/python bench/embedders.py --json bench/results/embedders.json
+	$(BIN)/python bench/sim.py --json bench/results/sim.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

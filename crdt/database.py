@@ -205,8 +205,9 @@ class Database:
         self.id = db_id
         self._listeners: list[Callable[[RowsAdded | Rebuilt], None]] = []
         self._stored_listeners: list[Callable[[tuple[str, ...]], None]] = []
+        self._clock = clock or _now_ms  # the informational ts of local entries, the pending TTL
         self._refusals = RefusalLog(storage, db_id)
-        self._pending = PendingArea(storage, db_id, pending_limits, clock or _now_ms)
+        self._pending = PendingArea(storage, db_id, pending_limits, self._clock)
         self._reset()
 
     # ----------------------------------------------------------------- creation and loading
@@ -218,8 +219,14 @@ class Database:
         *,
         meta: Mapping[str, Any],
         extra_grants: Sequence[GrantOp] = (),
+        nonce: bytes | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> "Database":
-        """A new database whose root grants ``key`` Admin(0) and carries ``meta``."""
+        """A new database whose root grants ``key`` Admin(0) and carries ``meta``.
+
+        ``nonce`` (16 bytes, random by default) and ``clock`` (ms, for entries' informational
+        ``ts``) let a simulation make the same database from the same seed.
+        """
         author = str(key.public)
         client = _client(key)
         ops = [{"op": "grant", "key": author, "perm": "admin", "priority": 0}]
@@ -230,10 +237,10 @@ class Database:
             SETTINGS: (encode_rows(client, 0, SETTINGS, settings_rows), 0, len(settings_rows)),
             META: (encode_rows(client, 0, META, meta_rows), 0, 1),
         }
-        root = sign_entry(key, db=None, seq=0, prev=None, parents=[], ts=_now_ms(),
-                          payloads=payloads, nonce=os.urandom(16))
+        root = sign_entry(key, db=None, seq=0, prev=None, parents=[], ts=(clock or _now_ms)(),
+                          payloads=payloads, nonce=nonce if nonce is not None else os.urandom(16))
         storage.add_database(root.id)
-        db = cls(storage, root.id)
+        db = cls(storage, root.id, clock=clock)
         result = db.ingest_entries([root], source="local")
         if result.accepted != [root.id]:
             raise MemmeshError(f"could not create the database: {result.rejected}")
@@ -258,6 +265,7 @@ class Database:
         self._stores: set[str] = set()
         self._heads: set[str] = set()
         self._evaluator = Evaluator()
+        self._settings_cache: AuthSettings | None = None
         self._docs: dict[str, pycrdt.Doc] = {}
         self._absent: dict[str, set[str]] = {}  # entry id -> stores whose payload storage lacks
         self._covers: dict[tuple[str, str], set[str]] = {}  # (entry, store) -> authors stored erases name
@@ -348,7 +356,11 @@ class Database:
         return {i for i in self._nodes if self.is_accepted(i)}
 
     def settings(self) -> AuthSettings:
-        return self._evaluator.settings()
+        # Built from every accepted operation, so kept until a settings entry changes it (sync
+        # asks for a caller's permission on every request).
+        if self._settings_cache is None:
+            self._settings_cache = self._evaluator.settings()
+        return self._settings_cache
 
     def permission(self, key: str) -> Permission | None:
         state = self.settings().get(key)
@@ -595,7 +607,7 @@ class Database:
         entry = sign_entry(
             key, db=self.id, seq=0 if last is None else last[0] + 1,
             prev=None if last is None else last[1], parents=sorted(self._heads),
-            ts=_now_ms(), payloads=payloads,
+            ts=self._clock(), payloads=payloads,
         )
         result = self._ingest([entry], local=True, source="local")
         if entry.id not in result.accepted:
@@ -906,6 +918,8 @@ class Database:
         node = _Stored(entry, author, height, vv, ops, erases, size=size)
         self._insert_node(node, rows)
         changed = self._evaluator.add(event)
+        if event.ops or event.is_root:
+            self._settings_cache = None
         verdict = self._evaluator.verdict(entry.id)
         if any(i != entry.id and i in self._nodes for i in changed):
             return node, "rebuild", rows
@@ -1077,6 +1091,7 @@ class Database:
     # ------------------------------------------------------------------ derived state
     def _rebuild_verdicts(self) -> None:
         self._evaluator = Evaluator()
+        self._settings_cache = None
         self._evaluator.add_many(
             Event(n.entry.id, n.author_key, n.entry.seq, n.height, n.vv, n.ops, n.entry.is_root,
                   ADMIN if any(op.author != n.author_key for op in n.erases) else WRITE)

@@ -194,13 +194,18 @@ def test_persistence_round_trip():
     assert again.to_bytes() != b.to_bytes()
 
 
+def _row(*fields) -> bytes:
+    return msgpack.packb({"v": 1, "self": None, "dbs": {DB: [list(fields)]}})
+
+
 @pytest.mark.parametrize("data", [
     b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": 2, "self": None, "dbs": {}}),
-    msgpack.packb({"v": 1, "self": None, "dbs": {DB: [[k(1)]]}}),
-    msgpack.packb({"v": 1, "self": None, "dbs": {DB: [[k(1), [addr(1)], "gossip", ["gossip"], 1, 1, None, None, 0, 0]]}}),
-    msgpack.packb({"v": 1, "self": None, "dbs": {DB: [[k(1), ["x"], "lan", ["lan"], 1, 1, None, None, 0, 0]]}}),
-    msgpack.packb({"v": 1, "self": None, "dbs": {DB: [[k(1), [addr(1)], "lan", ["lan"], -1, 1, None, None, 0, 0]]}}),
-    msgpack.packb({"v": 1, "self": None, "dbs": {DB: [["ed25519:x", [addr(1)], "lan", ["lan"], 1, 1, None, None, 0, 0]]}}),
+    _row(k(1)),
+    _row(k(1), [addr(1)], "gossip", ["gossip"], 1, 1, None, None, 0, 0),
+    _row(k(1), ["x"], "lan", ["lan"], 1, 1, None, None, 0, 0),
+    _row(k(1), [addr(1)], "lan", ["lan"], -1, 1, None, None, 0, 0),
+    _row(k(1), [addr(1)], "lan", ["manual"], 1, 1, None, None, 0, 0),
+    _row("ed25519:x", [addr(1)], "lan", ["lan"], 1, 1, None, None, 0, 0),
 ])
 def test_malformed_persisted_books_are_refused(data):
     with pytest.raises(PeerBookError):

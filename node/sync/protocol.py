@@ -265,6 +265,7 @@ class Exchange:
         self._stage = "feeds"
         self._cursor: tuple[int, str] | None = None
         self._first_pull = True
+        self._asked_again = False
         self._to_push: list[str] = []
         self._sent: int = 0  # how many of _to_push the last push request carried
 
@@ -277,7 +278,7 @@ class Exchange:
         if self._stage == "feeds":
             return m.FeedsRequest(db.id, db.feeds(), db.evidence())
         if self._stage == "pull":
-            want = tuple(db.wanted()["parents"][: m.MAX_WANT]) if self._first_pull else ()
+            want = tuple(db.wanted()["parents"][: m.MAX_WANT]) if self._first_pull or self._asked_again else ()
             return m.PullRequest(db.id, db.feeds(), db.evidence(), want, self._cursor, self.page_bytes)
         if self._stage == "push":
             entries, n = db.page(self._to_push, self.page_bytes)
@@ -307,7 +308,13 @@ class Exchange:
             progressed = reply.after is not None and reply.after != self._cursor
             self._cursor = reply.after
             if not reply.more or not progressed or not reply.entries:
-                self._stage = self._after_pull()
+                # Entries the peer stored below the cursor while we paged (a child above it
+                # arrived, its parent did not): ask for the missing parents once more.
+                if not self._asked_again and self.stats.pulled_pending and self.db.wanted()["parents"]:
+                    self._asked_again = True
+                else:
+                    self._asked_again = False
+                    self._stage = self._after_pull()
         elif self._stage == "push":
             self.stats.pages += 1
             self.stats.pushed += reply.stored

@@ -57,7 +57,7 @@ from node.control import SERVE_JSON, SERVE_SOCK, AlreadyServing, ServeError, rea
 from node.library import Node
 from node.sync.messages import MAX_BODY_BYTES
 from node.sync.service import SyncService
-from node.worker import DbThread
+from node.worker import DbThread, Network
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "DRAIN_S", "ControlChannel", "LogFormatter", "serve", "serve_node"]
 
@@ -405,8 +405,8 @@ async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float,
         ctl_sock = None
         _event("control.listening", socket=str(sock_path), mode="0600")
 
+        sync_started = True  # from here on stop() is owed, even if start() fails half-way
         await sync.start()
-        sync_started = True
         write_info(home, info)
         _event("ready", pid=os.getpid(), listen=info["listen"], discovery=discovery, interval_s=interval_s,
                fanout=fanout)
@@ -427,7 +427,7 @@ async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float,
             if s is not None:
                 s.close()
         await loop.run_in_executor(None, db.stop)  # after the queue drains
-        node.network.loop = node.network.db = None
+        node.network = Network()  # back to one-shot: nothing points at this loop any more
         with contextlib.suppress(FileNotFoundError):
             (home / SERVE_SOCK).unlink()
         for sig in signals:

@@ -99,6 +99,10 @@ def _add_argument(sp: argparse.ArgumentParser, name: str, field: FieldInfo) -> N
             kw["nargs"] = "+" if field.is_required() else "*"
         elif not field.is_required():
             kw["nargs"] = "?"
+            if kind == "choice":
+                # argparse checks a '?' positional's default against its choices: give it the
+                # model's default rather than SUPPRESS.
+                kw["default"] = field.default
         sp.add_argument(name, **kw)
         return
     flag = cli.flag or "--" + name.replace("_", "-")

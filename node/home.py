@@ -96,7 +96,7 @@ class Home:
         home = Path(home)
         created = not cls.is_initialised(home)
         if created:
-            home.mkdir(parents=True, exist_ok=True)
+            home.mkdir(parents=True, exist_ok=True, mode=0o700)  # the home holds keys and the control socket
             save_key(home / KEYS_DIR / PEER_KEY, SigningKey.generate())
         node = cls.open(home)
         node.created = created

@@ -316,20 +316,20 @@ async def _access_log(request: web.Request, handler: Callable[[web.Request], Any
 
 # ---------------------------------------------------------------------- running
 def serve(home: Path | str, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}", discovery: bool = True,
-          log_json: bool = False, interval_s: float = 5.0, fanout: int = 3) -> Result:
+          log_json: bool = False, interval_s: float = 5.0, fanout: int = 3, advertise: str | None = None) -> Result:
     """Open the node in ``home`` and serve it until SIGINT or SIGTERM (the library's entry)."""
     home = Path(home)
     refuse_if_serving(home)
     node = Node.open(home, create=False)
     try:
         return serve_node(node, listen=listen, discovery=discovery, log_json=log_json,
-                          interval_s=interval_s, fanout=fanout)
+                          interval_s=interval_s, fanout=fanout, advertise=advertise)
     finally:
         node.close()
 
 
 def serve_node(node: Node, *, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}", discovery: bool = True,
-               log_json: bool = False, interval_s: float = 5.0, fanout: int = 3,
+               log_json: bool = False, interval_s: float = 5.0, fanout: int = 3, advertise: str | None = None,
                registry: Registry = REGISTRY, log_stream: TextIO | None = None) -> Result:
     """Serve an open node (its caller holds the home and closes the node afterwards) until
     SIGINT or SIGTERM; the `serve` command's handler."""
@@ -340,11 +340,11 @@ def serve_node(node: Node, *, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}", di
     check_home_private(node.home)
     with _logging_to(log_stream or sys.stderr, log_json):
         return asyncio.run(_serve(node, listen=listen, discovery=discovery, interval_s=interval_s,
-                                  fanout=fanout, registry=registry))
+                                  fanout=fanout, registry=registry, advertise=advertise))
 
 
 async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float, fanout: int,
-                 registry: Registry) -> Result:
+                 registry: Registry, advertise: str | None = None) -> Result:
     loop = asyncio.get_running_loop()
     home = node.home
     stop = asyncio.Event()
@@ -383,7 +383,11 @@ async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float,
         sock_path = (home / SERVE_SOCK).absolute()
         ctl_sock = bind_control_socket(sock_path)
 
-        sync = SyncService(node, address=f"http:{host}:{port}", discovery=discovery, interval_s=interval_s,
+        if advertise is None and host in ("0.0.0.0", "::", "[::]"):
+            raise ServeError(f"serve: listening on {host} needs --advertise http:HOST:PORT (the address peers "
+                             "and tickets should use)")
+        address = advertise or f"http:{host}:{port}"
+        sync = SyncService(node, address=address, discovery=discovery, interval_s=interval_s,
                            fanout=fanout)
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_access_log])
         sync.add_routes(app)
@@ -394,7 +398,7 @@ async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float,
         tcp_sock = None  # the site owns it now
         _event("listening", address=f"{host}:{port}", sync=f"http://{host}:{port}/sync/v1/")
 
-        info.update(pid=os.getpid(), home=str(home.absolute()), listen=f"{host}:{port}", address=f"http:{host}:{port}",
+        info.update(pid=os.getpid(), home=str(home.absolute()), listen=f"{host}:{port}", address=address,
                     control=str(sock_path), node_key=str(node.peer_key.public),
                     started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         channel = ControlChannel(node, db, info, registry=registry, status=sync.status)

@@ -43,6 +43,9 @@ class Serve(Params):
     listen: Annotated[str, Cli(metavar="HOST:PORT"), Field(
         description=f"where the sync API listens (port 0: any free port); default {DEFAULT_HOST}:{DEFAULT_PORT}")] \
         = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+    advertise: Annotated[str | None, Cli(metavar="http:HOST:PORT"), Field(
+        description="the address peers are told to reach this node at (default: the listen address); "
+                    "needed when listening on 0.0.0.0 or behind a proxy")] = None
     no_discovery: Annotated[bool, Field(description="do not announce this node or look for peers on the LAN")] = False
     log_json: Annotated[bool, Field(description="log one JSON object per line instead of text")] = False
     interval_s: Annotated[float, Cli(flag="--interval", metavar="SECONDS"), Field(
@@ -56,10 +59,22 @@ class Serve(Params):
         parse_listen(value)
         return value
 
+    @field_validator("advertise")
+    @classmethod
+    def _advertise(cls, value: str | None) -> str | None:
+        if value is not None:
+            from tickets import parse_address
+
+            try:
+                parse_address(value)
+            except Exception:
+                raise ValueError(f"an address looks like http:HOST:PORT, got {value!r}") from None
+        return value
+
 
 @command("serve", Serve, "run the node: the sync API for peers, the sync daemon, and the channel other commands use")
 def serve(node: "Node", p: Serve) -> Result:
     from node.serve import serve_node  # the transport, imported only by the command that is one
 
     return serve_node(node, listen=p.listen, discovery=not p.no_discovery, log_json=p.log_json,
-                      interval_s=p.interval_s, fanout=p.fanout)
+                      interval_s=p.interval_s, fanout=p.fanout, advertise=p.advertise)

@@ -290,3 +290,21 @@ def test_signed_request_vector():
                                               bytes(range(16))).hex()
     assert shown["memmesh-signature"] == req.headers["memmesh-signature"]
     assert str(node.public) in doc and str(caller.public) in doc
+
+
+def test_a_payload_that_has_not_arrived_is_fetched_again(bank):
+    """A header taken in without its payload (under an erase that is not valid) is refetched
+    whole by the next exchange and filled in."""
+    from crdt.erasure import ERASE, EraseOp
+
+    target = next(r.entry_id for r in bank.rows("memory"))
+    forged = craft(bank, BOB, {ERASE: rows_update(BOB, ERASE, 0, [EraseOp(target, "memory", str(ALICE.public)).value()])})
+    mine = _fresh(bank.id)
+    entries = [(s.header, {k: (None if s.id == target and k == "memory" else v) for k, v in s.payloads.items()})
+               for s in bank.storage.entries(bank.id)]
+    mine.ingest(entries + [(forged.header, dict(forged.payloads))])
+    assert mine.payload_state(target, "memory") == "pending"
+    bank.ingest([(forged.header, dict(forged.payloads))])
+    server, _ = _server(bank)
+    _run(Exchange(mine, str(PEER_B.public)), Client(PEER_A), server, str(PEER_B.public))
+    assert mine.payload_state(target, "memory") == "present" and state(mine) == state(bank)

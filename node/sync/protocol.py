@@ -278,7 +278,13 @@ class Exchange:
         if self._stage == "feeds":
             return m.FeedsRequest(db.id, db.feeds(), db.evidence())
         if self._stage == "pull":
-            want = tuple(db.wanted()["parents"][: m.MAX_WANT]) if self._first_pull or self._asked_again else ()
+            want: tuple[str, ...] = ()
+            if self._first_pull or self._asked_again:
+                # Missing parents, and stored entries whose payload has not arrived (a relay
+                # stripped it and no valid erase accounts for it): the peer sends them whole.
+                wanted = db.wanted()
+                ids = list(wanted["parents"]) + sorted({e for e, _store in wanted["payloads"]})
+                want = tuple(ids[: m.MAX_WANT])
             return m.PullRequest(db.id, db.feeds(), db.evidence(), want, self._cursor, self.page_bytes)
         if self._stage == "push":
             entries, n = db.page(self._to_push, self.page_bytes)
@@ -294,7 +300,9 @@ class Exchange:
             self.stats.lacking = reply.lacking
             self._to_push = self.db.missing_for(reply.feeds, reply.evidence)
             self.stats.peer_lacking = len(self._to_push)
-            self._stage = "pull" if self._do_pull and reply.lacking else self._after_pull()
+            wanted = self.db.wanted()
+            wants = bool(wanted["parents"] or wanted["payloads"])
+            self._stage = "pull" if self._do_pull and (reply.lacking or wants) else self._after_pull()
         elif self._stage == "pull":
             self._first_pull = False
             self.stats.pages += 1

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from typing import Any, Mapping
 
 from auth.keys import SigningKey
@@ -92,15 +91,8 @@ def next_clock(db: Database, who: SigningKey, store: str) -> int:
 
 
 def state(db: Database) -> dict[str, Any]:
-    """Everything observable: accepted set, heads of accepted state, store contents."""
-    stores = {}
-    for store in db.stores():
-        stores[store] = json.dumps(db.doc(store).get(store, type=__import__("pycrdt").Map).to_py(),
-                                   sort_keys=True, default=repr)
-    return {
-        "accepted": sorted(db.accepted_ids()),
-        "stores": stores,
-        "rows": {s: [(r.key, json.dumps(r.value, sort_keys=True, default=repr)) for r in db.rows(s)]
-                 for s in db.stores()},
-        "settings": sorted((k, repr(v.permission), v.status) for k, v in db.settings().items()),
-    }
+    """Everything observable: accepted set, store documents, shown rows, settings (the same
+    fingerprint the simulator compares)."""
+    from node.sync.sim import db_state
+
+    return db_state(db)

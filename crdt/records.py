@@ -1,0 +1,206 @@
+"""Records and small pieces shared by the database's modules: what is kept per stored entry,
+rows, ingest results and events, the store-name rule, the stateless payload check, the GC pause.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
+
+import pycrdt
+
+from auth.keys import SigningKey
+from auth.ops import GrantOp, RevokeOp, parse_op
+from auth.permissions import Permission
+from crdt.entry import Entry, StoreDescriptor
+from crdt.erasure import ERASE, EraseOp, parse_erase
+from crdt.errors import EntryRejected
+from crdt.storage import StoredEntry
+from crdt.yjs import Row, check_append, decode_append_update, encode_gc
+
+log = logging.getLogger(__name__)
+
+SETTINGS = "_settings"
+META = "meta"
+_NO_PAYLOADS: Mapping[str, bytes | None] = MappingProxyType({})
+STORE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_:./-")
+# What is kept of an author's entries that are not valid (candidates that a later event could
+# make valid, and equivocation evidence after a fork): enough to decide and to prove, never an
+# unbounded tail. Entries another stored or pending entry names as a parent are always kept,
+# so that the bound never cuts an honest writer's entry off from its past.
+MAX_UNACCEPTED_ENTRIES = 64
+MAX_UNACCEPTED_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _Stored:
+    """What the database keeps in memory about one stored entry (its payloads stay in storage)."""
+
+    entry: Entry
+    author_key: str
+    height: int
+    vv: dict[str, int]
+    ops: tuple[GrantOp | RevokeOp, ...]
+    erases: tuple[EraseOp, ...] = ()
+    excluded: bool = False  # equivocation evidence: never evaluated or applied
+    size: int = 0  # header and payload bytes it arrived with
+
+
+@dataclass(frozen=True, slots=True)
+class RowRecord:
+    """One row of a store, as an accepted entry inserted it."""
+
+    store: str
+    key: str
+    value: Any
+    entry_id: str
+    author: str
+    ts: int
+    order: tuple[int, str, int]  # (height, entry id, clock): T order, the deterministic "newest"
+
+
+@dataclass
+class IngestResult:
+    accepted: list[str] = field(default_factory=list)  # stored and applied
+    stored_rejected: list[str] = field(default_factory=list)  # kept as candidates, not applied
+    rejected: list[tuple[str | None, str, str]] = field(default_factory=list)  # (id, reason, detail)
+    pending: list[str] = field(default_factory=list)  # waiting for parents or payloads
+    filled: list[tuple[str, str]] = field(default_factory=list)  # (entry id, store) payloads filled in
+    duplicates: int = 0
+
+    def merge(self, other: "IngestResult") -> None:
+        self.accepted += other.accepted
+        self.stored_rejected += other.stored_rejected
+        self.rejected += other.rejected
+        self.pending += other.pending
+        self.filled += other.filled
+        self.duplicates += other.duplicates
+
+
+@dataclass(frozen=True, slots=True)
+class RowsAdded:
+    store: str
+    rows: tuple[RowRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuilt:
+    """Verdicts of already-applied entries changed: derived state was rebuilt from the log."""
+
+
+_gc_lock = threading.Lock()
+_gc_depth = 0
+_gc_state: list[bool] = []  # was the collector enabled when the outermost pause began
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a batch is processed.
+
+    A batch allocates many small, long-lived objects (entries, version vectors, rows), and the
+    collector would otherwise rescan everything alive each time a generation fills up: about a
+    fifth of the cost of accepting an entry. Batches are bounded, so the pause is too; nested
+    and concurrent batches share one pause.
+    """
+    global _gc_depth
+    with _gc_lock:
+        _gc_depth += 1
+        if _gc_depth == 1:
+            was_enabled = gc.isenabled()
+            gc.disable()
+            _gc_state.append(was_enabled)
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_depth -= 1
+            if _gc_depth == 0 and _gc_state.pop():
+                gc.enable()
+
+
+def valid_store_name(name: str) -> bool:
+    return bool(name) and len(name) <= 128 and set(name) <= STORE_NAME_CHARS
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What the stateless checks of one payload found."""
+
+    rows: tuple[Row, ...]
+    ops: tuple[GrantOp | RevokeOp, ...]
+    erases: tuple[EraseOp, ...]
+
+
+def check_payload_shape(store: str, desc: StoreDescriptor, update: bytes) -> _Shape:
+    """Every check of one payload that needs nothing but the payload and its descriptor.
+
+    Raises RejectedError with the reason code; the same verdict on every replica, whatever
+    else it holds (row keys are author-prefixed, so a row can only ever collide with a row of
+    its own author; see Database._visible for how such a collision is shown).
+    """
+    if not valid_store_name(store):
+        raise EntryRejected("entry.store_name", f"invalid store name {store!r}")
+    decoded = decode_append_update(update, root=store, client=desc.client)
+    if decoded.clock != desc.clock or decoded.length != desc.clock_len:
+        raise EntryRejected("entry.payload", f"store {store!r} update does not cover the clock range its descriptor claims")
+    check_append(decoded, next_clock=desc.clock, exists=_never)
+    ops: tuple = ()
+    erases: tuple = ()
+    if store == SETTINGS:
+        ops = tuple(parse_op(row.value) for row in decoded.rows)
+    elif store == ERASE:
+        erases = tuple(parse_erase(row.value, valid_store=valid_store_name) for row in decoded.rows)
+    return _Shape(decoded.rows, ops, erases)
+
+
+def _never(_key: str) -> bool:
+    return False
+
+
+def _client(key: SigningKey) -> int:
+    from crdt.entry import client_id_for
+
+    return client_id_for(key.public.raw)
+
+
+def _apply_to(doc: pycrdt.Doc, store: str, desc: StoreDescriptor, update: bytes | None, accepted: bool) -> None:
+    if accepted and update is not None:
+        doc.apply_update(update)
+    else:
+        # Keep the author's clocks contiguous so its later entries still integrate.
+        doc.apply_update(encode_gc(desc.client, desc.clock, desc.clock_len))
+
+
+def _stored(entry: Entry) -> StoredEntry:
+    return StoredEntry(entry.id, entry.header, dict(entry.payloads))
+
+
+def _with_payloads(entry: Entry, payloads: Mapping[str, bytes | None]) -> Entry:
+    return Entry(entry.id, entry.header, entry.author, entry.seq, entry.prev, entry.parents,
+                 entry.ts, entry.db, entry.nonce, entry.stores, payloads)
+
+
+def _op_value(op: GrantOp | RevokeOp | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(op, Mapping):
+        return dict(op)
+    if isinstance(op, RevokeOp):
+        return {"op": "revoke", "key": op.key}
+    value: dict[str, Any] = {"op": "grant", "key": op.key, "perm": op.perm}
+    if op.priority is not None:
+        value["priority"] = op.priority
+    return value
+
+
+def _perm_text(perm: Permission | None) -> str:
+    if perm is None:
+        return "no permission"
+    return perm.level if perm.priority is None else f"{perm.level}({perm.priority})"

@@ -141,3 +141,35 @@ async def test_unshare_stops_serving(issuer, tmp_path):
     imported = await sharing.import_ticket(b, share["ticket"], "read", None, run_here)
     assert imported.perm == "read"
     b.close()
+
+
+async def test_a_ticket_for_a_database_the_issuer_does_not_serve_writes_nothing(issuer, tmp_path):
+    """Signed by the issuing node itself, but for another database: refused, nothing written."""
+    from auth.keys import SigningKey
+    from tickets import issue
+
+    other_db = "sha256:" + "ab" * 32
+    forged = encode(issue(issuer.peer_key, db=other_db, addresses=[issuer.sync.address()], perm="write",
+                          priority=10, invite=SigningKey.generate(), expires=int(time.time()) + 600))
+    b = _home(tmp_path, "b")
+    with pytest.raises(sharing.ShareError, match="no such database"):
+        await sharing.import_ticket(b, forged, "write", None, run_here)
+    assert _nothing_written(b, other_db)
+    # ... and a ticket for a bank the issuer serves, but with the invite of another ticket.
+    real = decode(issuer.run("memory.share", {"bank": "project-notes"}).data["ticket"])
+    swapped = encode(issue(issuer.peer_key, db=real.db, addresses=list(real.addresses), perm="write", priority=10,
+                           invite=SigningKey.generate(), expires=real.expires))
+    with pytest.raises(sharing.ShareError, match="no such database"):
+        await sharing.import_ticket(b, swapped, "write", None, run_here)
+    assert b.registry.banks() == []
+    b.close()
+
+
+async def test_a_recipient_ticket_for_a_bank_not_served_writes_nothing(issuer, tmp_path):
+    b = _home(tmp_path, "b")
+    share = issuer.run("memory.share", {"bank": "project-notes", "perm": "read", "for": str(b.peer_key.public)}).data
+    issuer.run("memory.unshare", {"bank": "project-notes"})
+    with pytest.raises(sharing.ShareError, match="does not serve this bank to this node"):
+        await sharing.import_ticket(b, share["ticket"], "read", None, run_here)
+    assert _nothing_written(b, share["db"])
+    b.close()

@@ -211,6 +211,11 @@ async def import_ticket(node: "Node", text: str, perm: str, name: str | None, ru
                     if exc.reason.startswith("ticket."):
                         raise TicketRejected(exc.reason, str(exc)) from None
                     raise ShareError(f"the issuer at {address} did not accept the invite: {exc}") from None
+            try:  # is the bank served to this node's key? Asked before anything is written here.
+                await call(transport, client, address, ticket.issuer, m.FeedsRequest(ticket.db, {}, {}))
+            except SyncError as exc:
+                raise ShareError(f"the issuer at {address} does not serve this bank to this node: {exc}; "
+                                 "nothing was written") from None
             db = await run(lambda: _open_empty(node, ticket.db))
             exchange = Exchange(db, ticket.issuer, push=False)
             try:

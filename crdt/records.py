@@ -33,7 +33,7 @@ STORE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_:./-")
 # make valid, and equivocation evidence after a fork): enough to decide and to prove, never an
 # unbounded tail. Entries another stored or pending entry names as a parent are always kept,
 # so that the bound never cuts an honest writer's entry off from its past.
-MAX_UNACCEPTED_ENTRIES = 64
+MAX_UNACCEPTED_ENTRIES = 1024  # see docs/security.md: an offline writer revoked meanwhile
 MAX_UNACCEPTED_BYTES = 8 * 1024 * 1024
 
 

@@ -498,7 +498,7 @@ def test_equivocation_keeps_two_forks_refuses_a_third_and_bounds_the_tail():
 
     # A long tail on fork 0, delivered in order: at most MAX_UNACCEPTED_ENTRIES of the author's
     # entries from the fork on are kept as evidence (the two forks included).
-    tail = _chain(FORKER, 200, seq=seq + 1, prev=forks[0].id, parents=list(db.heads),
+    tail = _chain(FORKER, MAX_UNACCEPTED_ENTRIES + 50, seq=seq + 1, prev=forks[0].id, parents=list(db.heads),
                   clock=forks[0].stores["memory"].clock_end, tag="tail", db_id=db.id)
     reasons: Counter[str] = Counter()
     for start in range(0, len(tail), 20):

@@ -32,6 +32,7 @@ bench: venv
 	$(BIN)/python bench/recall.py --json bench/results/recall.json
 	$(BIN)/python bench/embedders.py --json bench/results/embedders.json
 	$(BIN)/python bench/sim.py --json bench/results/sim.json
+	$(BIN)/python bench/sync.py --json bench/results/sync.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -3,11 +3,34 @@
 Each proxy forwards 127.0.0.1:<port> to a node's real port, in a thread with its own event
 loop. ``cut()`` drops every open connection and refuses new ones (the link is down);
 ``heal()`` brings it back. Used to partition nodes without killing them.
+
+It also counts the bytes it forwards (``bytes_up``: client to node, ``bytes_down``: node to
+client; ``counts()`` / ``reset_counts()``), which is what a benchmark needs for wire bytes.
+
+``block(keys)`` refuses only some callers: a connection whose first HTTP request carries a
+``memmesh-key`` header (every sync request does, docs/protocol.md section 6) naming one of
+``keys`` is dropped, at once if it is open. Every node has one advertised address, so this is
+how a partition between groups of nodes is cut: each node's proxy blocks the other group's
+keys. ``heal()`` lifts blocks too.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Iterable
+
+_HEAD_LIMIT = 64 * 1024  # the header block of the first request is looked for in this many bytes
+_HEAD_TIMEOUT_S = 10.0
+
+
+def _caller(head: bytes) -> str | None:
+    """The ``memmesh-key`` header of the first request in ``head`` (None if there is none)."""
+    block = head.split(b"\r\n\r\n", 1)[0]
+    for line in block.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"memmesh-key":
+            return value.strip().decode("ascii", "replace")
+    return None
 
 
 class Proxy:
@@ -15,7 +38,14 @@ class Proxy:
         self.target_port = target_port
         self.port = 0
         self._cut = False
+        self._blocked: frozenset[str] = frozenset()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._callers: dict[asyncio.StreamWriter, str | None] = {}  # client side writer -> caller key
+        self._pairs: dict[asyncio.StreamWriter, asyncio.StreamWriter] = {}  # client side -> node side
+        self._lock = threading.Lock()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.connections = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.base_events.Server | None = None
@@ -34,41 +64,110 @@ class Proxy:
         if self._cut:
             writer.close()
             return
+        # The first request's header block names the caller (if it is a sync request).
+        head = b""
+        try:
+            while b"\r\n\r\n" not in head and len(head) < _HEAD_LIMIT:
+                data = await asyncio.wait_for(reader.read(65536), _HEAD_TIMEOUT_S)
+                if not data:
+                    break
+                head += data
+        except (ConnectionError, OSError, asyncio.TimeoutError):
+            writer.close()
+            return
+        caller = _caller(head)
+        if self._cut or (caller is not None and caller in self._blocked):
+            writer.close()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
             writer.close()
             return
         self._writers |= {writer, up_writer}
+        self._callers[writer] = caller
+        self._pairs[writer] = up_writer
+        self.connections += 1
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, first: bytes, up: bool) -> None:
             try:
-                while data := await src.read(65536):
-                    if self._cut:
+                data = first
+                while True:
+                    if data:
+                        if self._cut:
+                            break
+                        with self._lock:
+                            if up:
+                                self.bytes_up += len(data)
+                            else:
+                                self.bytes_down += len(data)
+                        dst.write(data)
+                        await dst.drain()
+                    data = await src.read(65536)
+                    if not data:
                         break
-                    dst.write(data)
-                    await dst.drain()
             except (ConnectionError, OSError):
                 pass
             finally:
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, head, True), pipe(up_reader, writer, b"", False))
         self._writers -= {writer, up_writer}
+        self._callers.pop(writer, None)
+        self._pairs.pop(writer, None)
+
+    def _call(self, fn) -> None:
+        """Run ``fn`` on the proxy's loop and return once it has run (the change is in effect)."""
+        done = threading.Event()
+
+        def do() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+        self._loop.call_soon_threadsafe(do)
+        done.wait(5)
 
     def cut(self) -> None:
         def do() -> None:
             self._cut = True
             for w in list(self._writers):
                 w.close()
-        self._loop.call_soon_threadsafe(do)
+        self._call(do)
+
+    def block(self, keys: Iterable[str]) -> None:
+        """Refuse the callers whose sync requests are signed by ``keys`` (``ed25519:...``); their
+        open connections are dropped. Replaces the previous set; ``block(())`` lifts it."""
+        blocked = frozenset(keys)
+
+        def do() -> None:
+            self._blocked = blocked
+            for w, caller in list(self._callers.items()):
+                if caller is not None and caller in blocked:
+                    w.close()
+                    up = self._pairs.get(w)
+                    if up is not None:
+                        up.close()
+        self._call(do)
 
     def heal(self) -> None:
-        self._loop.call_soon_threadsafe(setattr, self, "_cut", False)
+        def do() -> None:
+            self._cut = False
+            self._blocked = frozenset()
+        self._call(do)
+
+    def counts(self) -> dict[str, int]:
+        """Bytes forwarded so far each way, and connections opened (since the last reset)."""
+        with self._lock:
+            return {"bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "connections": self.connections}
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.bytes_up = self.bytes_down = self.connections = 0
 
     def retarget(self, port: int) -> None:
         """A restarted node listens on a new port: forward there from now on."""
-        self._loop.call_soon_threadsafe(setattr, self, "target_port", port)
+        self._call(lambda: setattr(self, "target_port", port))
 
     def stop(self) -> None:
         async def close() -> None:

@@ -132,6 +132,7 @@ class Database(Ingestion, DerivedState):
         self._heads: set[str] = set()
         self._evaluator = Evaluator()
         self._settings_cache: AuthSettings | None = None
+        self._meta_cache: dict[str, Any] | None = None
         self._docs: dict[str, pycrdt.Doc] = {}
         self._absent: dict[str, set[str]] = {}  # entry id -> stores whose payload storage lacks
         self._covers: dict[tuple[str, str], set[str]] = {}  # (entry, store) -> authors stored erases name
@@ -327,11 +328,14 @@ class Database(Ingestion, DerivedState):
 
     def meta(self) -> dict[str, Any]:
         """The database's meta: later rows (T order) override earlier fields."""
-        merged: dict[str, Any] = {}
-        for row in self.rows(META):
-            if isinstance(row.value, dict):
-                merged.update(row.value)
-        return merged
+        # Kept until a meta row is shown or derived state is rebuilt (reading it scans the log).
+        if self._meta_cache is None:
+            merged: dict[str, Any] = {}
+            for row in self.rows(META):
+                if isinstance(row.value, dict):
+                    merged.update(row.value)
+            self._meta_cache = merged
+        return dict(self._meta_cache)
 
     # --------------------------------------------------------------- payloads and refusals
     def payload_state(self, entry_id: str, store: str) -> str | None:

@@ -11,7 +11,7 @@ from auth.permissions import ADMIN, WRITE
 from crdt.validity import Evaluator, Event
 from crdt.yjs import Row, decode_append_update
 
-from crdt.records import RowRecord, RowsAdded, _Stored, _apply_to
+from crdt.records import META, RowRecord, RowsAdded, _Stored, _apply_to
 
 
 class DerivedState:
@@ -105,6 +105,7 @@ class DerivedState:
 
     def _rebuild_docs(self) -> None:
         self._docs = {}  # rebuilt from the log when next read
+        self._meta_cache = None
 
     def _apply(self, applied: list[tuple[_Stored, dict[str, tuple[Row, ...]], Mapping[str, bytes | None]]],
                gc_fill: list[_Stored]) -> None:
@@ -123,6 +124,8 @@ class DerivedState:
             for store, store_rows in shown.items():
                 by_store.setdefault(store, []).extend(self._records(store, node, store_rows))
         for store, rows in by_store.items():
+            if store == META:
+                self._meta_cache = None
             self._emit(RowsAdded(store, tuple(rows)))
 
     def _records(self, store: str, node: _Stored, rows: Sequence[Row]) -> list[RowRecord]:

@@ -331,6 +331,10 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def _verify_chunk(entries: list[Entry]) -> list[bool]:
+    return [signature_ok(e) for e in entries]
+
+
 def decode_many(
     items: Sequence[tuple[bytes, Mapping[str, bytes | None] | None]], *, expected_db: str | None = None
 ) -> list[Entry | EntryRejected]:
@@ -345,8 +349,13 @@ def decode_many(
     if len(parsed) < _POOL_MIN_BATCH:
         oks = [signature_ok(e) for _, e in parsed]
     else:
-        chunk = max(8, len(parsed) // (2 * (os.cpu_count() or 2)))
-        oks = list(_pool().map(signature_ok, [e for _, e in parsed], chunksize=chunk))
+        # One task per chunk (ThreadPoolExecutor.map ignores chunksize: a future per entry
+        # would cost as much as the verification it spreads).
+        entries = [e for _, e in parsed]
+        n = 2 * (os.cpu_count() or 2)
+        size = -(-len(entries) // n)
+        chunks = [entries[k:k + size] for k in range(0, len(entries), size)]
+        oks = [ok for part in _pool().map(_verify_chunk, chunks) for ok in part]
     for (i, _), ok in zip(parsed, oks):
         if not ok:
             out[i] = _reject("entry.signature", "signature does not verify for the author's key")

@@ -51,6 +51,18 @@ async def test_an_exchange_over_http(served):
     assert state(mine) == state(db) and ex.stats.pages > 3
 
 
+async def test_a_bootstrap_in_pages_of_megabytes(served):
+    """Replies far larger than one socket read arrive whole (a 2 MiB page)."""
+    db, address, _ = served
+    for i in range(400):
+        write(db, ALICE, {"key": f"big{i}", "value": "x" * 6000})
+    mine = _fresh(db.id)
+    async with aiohttp.ClientSession() as session:
+        ex = Exchange(mine, str(PEER_B.public), page_bytes=2 * 1024 * 1024)
+        await run_exchange(HttpTransport(session), Client(PEER_A), address, str(PEER_B.public), ex, _direct)
+    assert state(mine) == state(db) and ex.stats.bytes_in > 2 * 1024 * 1024 and ex.stats.pages >= 2
+
+
 async def test_a_wrong_key_at_an_address_is_detected(served):
     db, address, _ = served
     async with aiohttp.ClientSession() as session:

@@ -85,10 +85,16 @@ class HttpTransport:
             async with self.session.post(url_of(address) + r.path, data=r.body,
                                          headers={**r.headers, "content-type": "application/msgpack"},
                                          timeout=self.timeout, allow_redirects=False) as resp:
-                body = await resp.content.read(m.MAX_BODY_BYTES + 1)
-                if len(body) > m.MAX_BODY_BYTES:
+                if resp.content_length is not None and resp.content_length > m.MAX_BODY_BYTES:
                     raise SyncError("sync.too_large", f"the peer at {address} answered with more than {m.MAX_BODY_BYTES} bytes")
-                return resp.status, {k.lower(): v for k, v in resp.headers.items()}, body
+                # read(n) returns what is buffered, not n bytes: read to the end, bounded.
+                chunks, total = [], 0
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    total += len(chunk)
+                    if total > m.MAX_BODY_BYTES:
+                        raise SyncError("sync.too_large", f"the peer at {address} answered with more than {m.MAX_BODY_BYTES} bytes")
+                    chunks.append(chunk)
+                return resp.status, {k.lower(): v for k, v in resp.headers.items()}, b"".join(chunks)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise SyncError("sync.unreachable", f"cannot reach {address}: {exc.__class__.__name__}: {exc}") from None
 

@@ -28,10 +28,7 @@ through each serve's control channel (node/control.py), as `memmesh` commands do
 Targets: bootstrap_entries_per_s >= 0.5 x ed25519_verify_per_s; bootstrap_bytes_ratio <= 1.2;
 live_latency_ms_p95 <= 250; convergence_s_p95 <= 5.
 
-As the product stands the import of a bank larger than about a hundred entries fails (the sync
-client truncates replies larger than one read; see SHIM below): the run then reports the
-failure, measures convergence, and exits 1. ``--fix-http-read`` measures with that one read
-fixed in the benchmark's serve processes. ``--profile DIR`` writes a cProfile of each serve's
+A failed import is reported (the run still measures convergence, and exits 1). ``--profile DIR`` writes a cProfile of each serve's
 database thread and loop thread; ``--keep DIR`` keeps the homes and serve logs (A's request log
 gives the server-side time of each pull page).
 """
@@ -97,39 +94,10 @@ def memory_row(rnd: random.Random, i: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- serve processes
-# What a serve process runs: `memmesh serve` (python -m node.cli), optionally with the client's
-# truncated reads fixed (--fix-http-read) and/or its threads profiled (--profile DIR).
-#
-# node/sync/http.py HttpTransport.send reads a response with resp.content.read(MAX + 1), which
-# returns what is buffered (up to MAX + 1 bytes), not the whole body: any reply larger than one
-# socket read (about 64-128 KiB on loopback) is cut short and its signature fails
-# ("the response signature does not verify"), so a pull page of a bank of more than a few
-# hundred entries never arrives. The fix reads until the end of the body (capped, as the server
-# side does); it is applied only in the benchmark's serve processes, and only when asked.
+# What a serve process runs: `memmesh serve` (python -m node.cli), optionally with its threads
+# profiled (--profile DIR).
 SHIM = r"""
 import os, sys
-if os.environ.get("MM_BENCH_FIX_READ") == "1":
-    import asyncio, aiohttp
-    from node.sync import http as _h, messages as _m
-
-    async def send(self, address, out):
-        r = out.request
-        try:
-            async with self.session.post(_h.url_of(address) + r.path, data=r.body,
-                                         headers={**r.headers, "content-type": "application/msgpack"},
-                                         timeout=self.timeout, allow_redirects=False) as resp:
-                chunks, total = [], 0
-                async for chunk in resp.content.iter_chunked(64 * 1024):
-                    total += len(chunk)
-                    if total > _m.MAX_BODY_BYTES:
-                        raise _h.SyncError("sync.too_large", f"the peer at {address} answered with more than "
-                                                             f"{_m.MAX_BODY_BYTES} bytes")
-                    chunks.append(chunk)
-                return resp.status, {k.lower(): v for k, v in resp.headers.items()}, b"".join(chunks)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise _h.SyncError("sync.unreachable", f"cannot reach {address}: {exc.__class__.__name__}: {exc}") from None
-
-    _h.HttpTransport.send = send
 prof_dir = os.environ.get("MM_BENCH_PROFILE")
 if prof_dir:
     import cProfile
@@ -201,7 +169,7 @@ class Serve:
         self._log.close()
 
 
-SERVE_ENV: dict[str, str] = {}  # set in main() from --fix-http-read / --profile
+SERVE_ENV: dict[str, str] = {}  # set in main() from --profile
 
 
 # ---------------------------------------------------------------------- nodes
@@ -547,16 +515,12 @@ def main() -> int:
     ap.add_argument("--samples", type=int, help="live latency samples (default 50, --quick 10)")
     ap.add_argument("--reps", type=int, help="convergence repetitions (default 5, --quick 2)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--fix-http-read", action="store_true",
-                    help="serve processes read whole response bodies (see SHIM: the product's client truncates them)")
     ap.add_argument("--profile", type=Path, metavar="DIR",
                     help="cProfile every serve's database thread and loop thread into DIR")
     ap.add_argument("--keep", type=Path, metavar="DIR", help="keep the homes and serve logs in DIR (a new directory)")
     ap.add_argument("--skip", choices=["bootstrap", "convergence"], action="append", default=[],
                     help="leave a part out (for profiling the other)")
     args = ap.parse_args()
-    if args.fix_http_read:
-        SERVE_ENV["MM_BENCH_FIX_READ"] = "1"
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
         SERVE_ENV["MM_BENCH_PROFILE"] = str(args.profile.resolve())
@@ -578,7 +542,7 @@ def main() -> int:
                    "fanout": args.fanout, "partition_s": args.partition_s, "writes_per_node": WRITES_PER_NODE,
                    "poll_ms": POLL_MS, "status_poll_s": STATUS_POLL_S, "seed": args.seed,
                    "import_timed": "memory.import through B's serve control channel (the whole command)",
-                   "fix_http_read": args.fix_http_read, "profiled": bool(args.profile)},
+                   "profiled": bool(args.profile)},
         "ed25519_verify_per_s": round(verify),
         "loadavg_start": loadavg(),
     }

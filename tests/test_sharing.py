@@ -94,7 +94,7 @@ async def test_recipient_ticket(issuer, tmp_path):
     b = _home(tmp_path, "b")
     c = _home(tmp_path, "c")
     share = issuer.run("memory.share", {"bank": "project-notes", "perm": "read",
-                                        "for": str(b.peer_key.public)}).data
+                                        "recipient": str(b.peer_key.public)}).data
     assert "#secret=" not in share["ticket"]
     with pytest.raises(TicketRejected) as wrong:
         await sharing.import_ticket(c, share["ticket"], "read", None, run_here)
@@ -167,7 +167,7 @@ async def test_a_ticket_for_a_database_the_issuer_does_not_serve_writes_nothing(
 
 async def test_a_recipient_ticket_for_a_bank_not_served_writes_nothing(issuer, tmp_path):
     b = _home(tmp_path, "b")
-    share = issuer.run("memory.share", {"bank": "project-notes", "perm": "read", "for": str(b.peer_key.public)}).data
+    share = issuer.run("memory.share", {"bank": "project-notes", "perm": "read", "recipient": str(b.peer_key.public)}).data
     issuer.run("memory.unshare", {"bank": "project-notes"})
     with pytest.raises(sharing.ShareError, match="does not serve this bank to this node"):
         await sharing.import_ticket(b, share["ticket"], "read", None, run_here)

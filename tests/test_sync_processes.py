@@ -729,7 +729,7 @@ def test_adversarial_requests_against_a_serve_process(tmp_path):
         db_id = s.run("memory.new", {"name": "notes"}).data["id"]
         s.run("memory.grant", {"bank": "notes", "agent": "alpha", "perm": "write"})
         s.run("remember", {"agent": "alpha", "key": "secret", "value": "what only readers may see", "bank": "notes"})
-        s.run("memory.share", {"bank": "notes", "perm": "read", "for": str(reader.public)})  # reader: Read
+        s.run("memory.share", {"bank": "notes", "perm": "read", "recipient": str(reader.public)})  # reader: Read
         agent_db = s.run("agent.list", {}).data["agents"][0]["id"]  # exists, not shared
         random_db = "sha256:" + os.urandom(32).hex()
         node_key, port = s.node_key, s.port

@@ -31,16 +31,16 @@ class MemoryShare(Params):
     bank: BankRef
     perm: Annotated[Literal["admin", "write", "read"], Cli(metavar="PERM"), Field(
         description="what the importing peer may do (admin lets it grant its own agents)")] = "write"
-    for_: Annotated[str | None, Cli(flag="--for", metavar="PEERKEY"), Field(
-        alias="for", description="the importing peer's key (ed25519:...); without it the ticket "
-                                 "carries a single-use invite secret")] = None
+    recipient: Annotated[str | None, Cli(flag="--for", metavar="PEERKEY"), Field(
+        description="the importing peer's key (ed25519:...); without it the ticket "
+                    "carries a single-use invite secret")] = None
     expires: Annotated[str, Cli(metavar="DURATION"), Field(description="how long the ticket is valid: 30m, 12h, 7d")] = "7d"
 
 
 @command("memory.share", MemoryShare, "print a signed ticket that lets another peer import a bank")
 def memory_share(node: "Node", p: MemoryShare) -> Result:
     address = node.sync.address() or sharing.DEFAULT_ADDRESS
-    shared = sharing.share(node, p.bank, perm=p.perm, recipient=p.for_, expires_s=parse_duration(p.expires),
+    shared = sharing.share(node, p.bank, perm=p.perm, recipient=p.recipient, expires_s=parse_duration(p.expires),
                            address=address)
     node.network.poke(shared.db)
     t = shared.ticket

@@ -173,3 +173,20 @@ async def test_a_recipient_ticket_for_a_bank_not_served_writes_nothing(issuer, t
         await sharing.import_ticket(b, share["ticket"], "read", None, run_here)
     assert _nothing_written(b, share["db"])
     b.close()
+
+
+def test_share_from_the_command_line(tmp_path):
+    """`memory share BANK --for KEY` and bad input, through the CLI as a user types it."""
+    import json
+
+    from tests.test_cli import mm
+
+    home = tmp_path / "cli"
+    node = _home(tmp_path, "cli")
+    node.run("memory.new", {"name": "notes"})
+    node.close()
+    other = "ed25519:Kay64UG8yvCyLhqU000LxzYeUm0L_hLIl5S8kyKWbdc"
+    data = json.loads(mm("memory", "share", "notes", "--perm", "read", "--for", other, "--json", home=home).stdout)
+    assert decode(data["ticket"]).recipient == other and data["perm"] == "read"
+    bad = mm("memory", "share", "notes", "--expires", "5x", home=home, check=False)
+    assert bad.returncode == 1 and "a duration looks like" in bad.stderr

@@ -4,27 +4,25 @@
   home, a new port); ready only once serve.json names *this* process (a killed serve leaves
   its stale serve.json behind); its log in a file beside the home, one per start.
 * ``Processes``: everything a test started, killed in its ``finally`` (``processes()``).
-* ``LinkProxy``: a fault-injecting TCP proxy in front of one node (cut, heal, retarget, as
-  tests/faultproxy.py) that can also cut single directed links: it reads the first request
-  head of each connection and drops the connection when the caller's ``memmesh-key`` is
-  blocked (one connection carries one client's requests). Every node advertises one address,
-  so this is how a node is isolated in both directions while it keeps running.
+* ``LinkProxy``: tests/faultproxy.py's proxy in front of one node (cut, heal, retarget, block
+  callers by their ``memmesh-key``: one connection carries one client's requests). Every node
+  advertises one address, so blocking callers is how a node is isolated in both directions
+  while it keeps running.
 * ``until``: poll with a deadline; nothing sleeps a fixed time to "let things settle".
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from node.commands.result import Result
+from tests.faultproxy import Proxy
 from node.control import SERVE_JSON, SERVE_SOCK, ControlClient, _UnixConnection
 
 CLI = [sys.executable, "-m", "node.cli"]
@@ -172,124 +170,16 @@ def _header(head: bytes, name: bytes) -> str | None:
     return None
 
 
-class LinkProxy:
-    """A TCP proxy in front of one node (127.0.0.1:port -> the node's port), in a thread with
-    its own loop: ``cut()`` drops every link into the node, ``block(keys)`` only the links of
-    those callers (both drop open connections at once), ``heal()`` lifts both, ``retarget()``
-    follows a restarted node to its new port. Every change is in effect when the call returns.
-    (tests/faultproxy.Proxy with caller blocks; standalone so that it does not depend on that
-    file's internals.)"""
+class LinkProxy(Proxy):
+    """The fault proxy of tests/faultproxy.py in front of one node, started before the node (its
+    port is what the node advertises; ``retarget`` points it at the node once it listens)."""
 
     def __init__(self, target_port: int = 0) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self.refused = 0  # connections dropped because the link was cut or the caller blocked
-        self._cut = False
-        self._blocked: frozenset[str] = frozenset()
-        self._conns: dict[asyncio.StreamWriter, tuple[str | None, asyncio.StreamWriter]] = {}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="link-proxy")
-        self._server: asyncio.base_events.Server | None = None
+        super().__init__(target_port)
 
     @property
     def address(self) -> str:
         return f"http:127.0.0.1:{self.port}"
-
-    def start(self) -> int:
-        self._thread.start()
-
-        async def start() -> int:
-            self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-            return self._server.sockets[0].getsockname()[1]
-        self.port = asyncio.run_coroutine_threadsafe(start(), self._loop).result(5)
-        return self.port
-
-    def stop(self) -> None:
-        if not self._thread.is_alive():
-            return
-
-        async def close() -> None:
-            if self._server is not None:
-                self._server.close()
-            self._drop(lambda key: True)
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-
-    def _now(self, fn: Callable[[], None]) -> None:
-        async def do() -> None:
-            fn()
-        asyncio.run_coroutine_threadsafe(do(), self._loop).result(5)
-
-    def _drop(self, which: Callable[[str | None], bool]) -> None:
-        for w, (key, up) in list(self._conns.items()):
-            if which(key):
-                w.close()
-                up.close()
-
-    def cut(self) -> None:
-        def do() -> None:
-            self._cut = True
-            self._drop(lambda key: True)
-        self._now(do)
-
-    def block(self, keys: Iterable[str]) -> None:
-        """Refuse these callers (their ``memmesh-key``) from now on; ``block(())`` lifts it."""
-        blocked = frozenset(keys)
-
-        def do() -> None:
-            self._blocked = blocked
-            self._drop(lambda key: key in blocked)
-        self._now(do)
-
-    def heal(self) -> None:
-        def do() -> None:
-            self._cut = False
-            self._blocked = frozenset()
-        self._now(do)
-
-    def retarget(self, port: int) -> None:
-        self._now(lambda: setattr(self, "target_port", port))
-
-    def _passes(self, key: str | None) -> bool:
-        return not self._cut and key not in self._blocked
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # One connection carries one client's requests: its first request head names the caller.
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, OSError):
-            writer.close()
-            return
-        key = _header(head, b"memmesh-key")
-        if not self._passes(key):
-            self.refused += 1
-            writer.close()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            writer.close()
-            return
-        self._conns[writer] = (key, up_writer)
-        up_writer.write(head)
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    if not self._passes(key):
-                        break
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
-
-        try:
-            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        finally:
-            self._conns.pop(writer, None)
 
 
 class Processes:

@@ -98,7 +98,6 @@ def test_wanted_parents_are_served():
     grant(db, ADMIN, ALICE, "write")
     first = write(db, ALICE, {"key": "a", "value": "1"})
     write(db, ALICE, {"key": "b", "value": "2"})
-    peer = _fresh(db.id)
     assert first in db.missing_for({}, want=[first, "sha256:" + "0" * 64])
 
 

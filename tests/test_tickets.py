@@ -30,7 +30,6 @@ from tickets import (
     SECRET,
     SIGNATURE,
     SIZE,
-    Address,
     Ticket,
     TicketRejected,
     check,

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import msgpack
 
-from auth.keys import PUBLIC_KEY_LEN, public_key_str
+from auth.keys import public_key_str
 from crdt.entry import MAX_ENTRY_BYTES, MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, MAX_STORES, raw_to_id, id_to_raw
 from crdt.errors import RejectedError
 

@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import aiohttp
 
-from auth.errors import AuthError, MemmeshError
+from auth.errors import MemmeshError
 from auth.keys import DOMAIN_TICKET_REDEEM, PublicKey, SigningKey, verify
 from auth.ops import GrantOp, RevokeOp
 from auth.permissions import ADMIN, READ_LEVEL, WRITE, holds, rank
 from crdt.database import Database
-from crdt.errors import RejectedError
 from node.memory.agents import WRITE_PRIORITY
 from node.registry import BankRecord, check_name, NameError_
 from node.sync import messages as m
@@ -252,7 +251,7 @@ def _register(node: "Node", ticket: Ticket, perm: str, name: str | None, address
         raise ShareError(f"the issuer at {address} did not send the bank {ticket.db}; nothing was registered")
     held = db.permission(str(node.peer_key.public))
     if held is None:
-        raise ShareError(f"the bank's settings do not grant this node's key yet; nothing was registered; "
+        raise ShareError("the bank's settings do not grant this node's key yet; nothing was registered; "
                          "run the import again in a moment")
     display = db.meta().get("display_name")
     name = name or (display if isinstance(display, str) else None)

@@ -12,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,embed]"
+	$(BIN)/python -m pip install --quiet -e ".[test,embed,mcp]"
 	@rm -f $(VENV)/.installed-* && touch $@
 
 test: venv
@@ -27,7 +27,7 @@ demo: venv
 
 # Benchmarks print a table and write JSON under bench/results/ (see docs/benchmarks.md).
 bench: venv
-	$(BIN)/python -m pip install --quiet -e ".[test,embed,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[test,embed,mcp,bench]"
 	$(BIN)/python bench/core.py --json bench/results/core.json
 	$(BIN)/python bench/recall.py --json bench/results/recall.json
 	$(BIN)/python bench/embedders.py --json bench/results/embedders.json

@@ -14,8 +14,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 # Importing a handler module registers its commands; this order is the CLI's help order.
-from node.commands import node_status, agents, tools, embedder, banks, config, reindex, audit, sync  # noqa: F401,E401
-from node.commands import serving  # noqa: F401,E402  (memmesh serve; its handler imports node/serve.py lazily)
+# One module a line, so that adding one is a one-line change.
+from node.commands import node_status  # noqa: F401
+from node.commands import agents  # noqa: F401
+from node.commands import tools  # noqa: F401
+from node.commands import embedder  # noqa: F401
+from node.commands import banks  # noqa: F401
+from node.commands import config  # noqa: F401
+from node.commands import reindex  # noqa: F401
+from node.commands import audit  # noqa: F401
+from node.commands import sync  # noqa: F401
+from node.commands import serving  # noqa: F401  (memmesh serve; its handler imports node/serve.py lazily)
 from node.commands.params import Params, ParamsError
 from node.commands.registry import REGISTRY, Command, EventSink, UnknownCommand, progress_sink
 from node.commands.result import Result, json_text

@@ -65,6 +65,11 @@ def _cli(field: FieldInfo) -> Cli:
     return next((m for m in field.metadata if isinstance(m, Cli)), Cli())
 
 
+def option_flag(name: str, field: FieldInfo) -> str:
+    """The option that sets a non-positional field (the chat grammar names options the same way)."""
+    return _cli(field).flag or "--" + name.replace("_", "-")
+
+
 def _shape(annotation: Any) -> tuple[str, Any]:
     """("bool" | "list" | "dict" | "choice" | "scalar", detail) for a field's type, None aside."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -105,7 +110,7 @@ def _add_argument(sp: argparse.ArgumentParser, name: str, field: FieldInfo) -> N
                 kw["default"] = field.default
         sp.add_argument(name, **kw)
         return
-    flag = cli.flag or "--" + name.replace("_", "-")
+    flag = option_flag(name, field)
     if kind == "bool":
         kw["action"] = "store_true"
     else:

@@ -79,7 +79,10 @@ def run_command(home: Path, name: str, params: dict[str, Any], events: Any = Non
     from node.commands import REGISTRY
     from node.control import refuse_if_serving, route
 
-    REGISTRY.get(name).parse(params)
+    cmd = REGISTRY.get(name)
+    parsed = cmd.parse(params)
+    if cmd.standalone:  # a transport of its own on the home's path (mcp): never sent to serve
+        return cmd.handler(home, parsed)
     client = None
     if name == SERVE:
         refuse_if_serving(home)

@@ -21,11 +21,13 @@ from node.commands import tools  # noqa: F401
 from node.commands import embedder  # noqa: F401
 from node.commands import banks  # noqa: F401
 from node.commands import config  # noqa: F401
+from node.commands import settings  # noqa: F401
 from node.commands import reindex  # noqa: F401
 from node.commands import audit  # noqa: F401
 from node.commands import sync  # noqa: F401
 from node.commands import chat  # noqa: F401
 from node.commands import serving  # noqa: F401  (memmesh serve; its handler imports node/serve.py lazily)
+from node.commands import mcp  # noqa: F401
 from node.commands.params import Params, ParamsError
 from node.commands.registry import REGISTRY, Command, EventSink, UnknownCommand, progress_sink
 from node.commands.result import Result, json_text

@@ -38,6 +38,10 @@ class UnknownCommand(MemmeshError):
     """A command name the registry does not have."""
 
 
+class StandaloneCommand(MemmeshError):
+    """A standalone command (a transport of its own, such as mcp) asked to run on an open node."""
+
+
 def _discard(event: Event) -> None:
     """The sink of a caller that does not listen to events."""
 
@@ -50,6 +54,12 @@ class Command:
     help: str
     creates_home: bool = False  # runs on a home that may not exist yet (init)
     emits_events: bool = False  # the handler takes the keyword-only ``events`` sink
+    # A transport that runs in the caller's process on the home's *path* (mcp): its handler is
+    # ``(home, params)``; it never opens the node, is never sent to serve, and has no HTTP route.
+    standalone: bool = False
+    # Changes nothing (a listing, a status): the HTTP API serves such a command, when it takes no
+    # parameters, as a GET (docs/api.md).
+    read_only: bool = False
 
     def schema(self) -> dict[str, Any]:
         """The JSON Schema of the parameters (what HTTP/OpenAPI and MCP are generated from)."""
@@ -65,16 +75,19 @@ class Registry:
         self._groups: dict[str, str] = {}
 
     # ------------------------------------------------------------------ declaring
-    def command(self, name: str, params: type[Params], help: str, *,
-                creates_home: bool = False) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
-        """Register the decorated handler ``(node, params) -> Result`` as command ``name``."""
+    def command(self, name: str, params: type[Params], help: str, *, creates_home: bool = False,
+                standalone: bool = False,
+                read_only: bool = False) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+        """Register the decorated handler ``(node, params) -> Result`` as command ``name``
+        (``(home, params) -> Result`` when ``standalone``)."""
         def register(handler: Callable[..., Result]) -> Callable[..., Result]:
             if name in self._commands:
                 raise ValueError(f"command {name!r} is registered twice")
             events = inspect.signature(handler).parameters.get("events")
             if events is not None and events.kind is not inspect.Parameter.KEYWORD_ONLY:
                 raise TypeError(f"{handler.__qualname__}: events must be a keyword-only parameter")
-            self._commands[name] = Command(name, params, handler, help, creates_home, events is not None)
+            self._commands[name] = Command(name, params, handler, help, creates_home, events is not None,
+                                           standalone, read_only)
             return handler
         return register
 
@@ -103,6 +116,9 @@ class Registry:
         """Run command ``name`` on an open node with JSON-compatible ``params``."""
         cmd = self.get(name)
         parsed = cmd.parse(params)
+        if cmd.standalone:
+            raise StandaloneCommand(f"{name} runs in its own process on a home, not on an open node: "
+                                    f"run memmesh {name.replace('.', ' ')}")
         if cmd.emits_events:
             return cmd.handler(node, parsed, events=events or _discard)
         return cmd.handler(node, parsed)

@@ -1,0 +1,69 @@
+"""mcp: serve one agent's tools to an MCP client, over stdio (or Streamable HTTP on loopback).
+
+A *standalone* command: a transport that runs in the caller's process on the home's path. It
+never opens the node and is never sent to serve; every call it makes goes through the home's
+running serve (node/mcp_server.py starts one when none runs). Its handler takes the home, not
+a node, and imports the MCP SDK only when it runs, so no other command pays for it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+
+from auth.errors import MemmeshError
+from node.commands.params import Cli, Params
+from node.commands.registry import command
+from node.commands.result import Result
+from node.commands.serving import parse_listen
+
+DEFAULT_HTTP_PORT = 7413  # beside the sync API (7411) and the local HTTP API (7412)
+# The hosts for which the SDK turns on its DNS-rebinding protection (allowed Host/Origin).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class McpNotInstalled(MemmeshError):
+    """The optional MCP SDK is not installed."""
+
+
+class Mcp(Params):
+    agent: Annotated[str, Cli(flag="--agent"), Field(description="the agent whose tools the MCP client gets")]
+    http: Annotated[bool, Field(
+        description="serve the Streamable HTTP transport on --listen instead of stdio")] = False
+    listen: Annotated[str | None, Cli(metavar="HOST:PORT"), Field(
+        description=f"with --http: where to listen, loopback only (port 0: any free port); "
+                    f"default 127.0.0.1:{DEFAULT_HTTP_PORT}")] = None
+
+    @field_validator("listen")
+    @classmethod
+    def _loopback(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, _ = parse_listen(value)
+            if host not in LOOPBACK_HOSTS:
+                # The HTTP transport has no authentication: anyone who reaches it acts as the agent.
+                raise ValueError("should be a loopback address (127.0.0.1, localhost or [::1]): "
+                                 "the MCP transport has no authentication")
+        return value
+
+    @model_validator(mode="after")
+    def _listen_needs_http(self) -> "Mcp":
+        if self.listen is not None and not self.http:
+            raise ValueError("listen is for the HTTP transport: add --http (stdio needs no address)")
+        return self
+
+
+@command("mcp", Mcp, "serve an agent's tools and auto-recall prompt to an MCP client (stdio, or --http)",
+         standalone=True)
+def mcp(home: Path, p: Mcp) -> Result:
+    try:
+        from node import mcp_server
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "mcp":
+            raise
+        raise McpNotInstalled("memmesh mcp needs the mcp extra: pip install 'memmesh[mcp]'") from None
+    if p.http:
+        mcp_server.run_http(home, p.agent, p.listen or f"127.0.0.1:{DEFAULT_HTTP_PORT}")
+    else:
+        mcp_server.run_stdio(home, p.agent)
+    return Result({"agent": p.agent}, "")

@@ -1,0 +1,286 @@
+"""`memmesh mcp`: the Model Context Protocol server of one agent (docs/mcp.md).
+
+    memmesh --home HOME mcp --agent alpha                                # stdio, as clients spawn it
+    memmesh --home HOME mcp --agent alpha --http --listen 127.0.0.1:7413  # Streamable HTTP, loopback
+
+It publishes the agent tools of node/commands/tools.TOOLS (remember, recall, list_memory_banks)
+and the auto-recall block as the prompt ``relevant_memories``, with the official SDK's
+``MCPServer``. It is a transport and nothing more: every call is a registry command (``tool``,
+``autorecall``) run by ``node.cli.run_command`` through the home's running serve. MCP clients
+each spawn their own server, so this process must never write the home itself: when no serve
+runs for the home it starts one, detached, and says so on stderr (``ensure_serve``); two
+clients on one home then share that one serve.
+
+One schema: a tool's input schema is its argument model's ``model_json_schema()``; the SDK
+derives nothing from a Python signature and validates nothing, the arguments reach the
+registry exactly as the client sent them, and a refusal is the registry's one line (the line
+the CLI prints) as a tool result with ``isError``.
+
+Stdout carries the protocol; everything this process says goes to stderr.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.metadata
+import os
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
+
+import anyio
+import anyio.to_thread
+from mcp.server.mcpserver import MCPServer, UserMessage
+from mcp.server.mcpserver.exceptions import UnexpectedToolError
+from mcp.server.mcpserver.prompts import Prompt
+from mcp.server.mcpserver.prompts.base import Message, PromptArgument
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp.shared.exceptions import MCPError
+from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
+
+from auth.errors import MemmeshError
+from node.cli import failure, run_command
+from node.commands import ParamsError, Result
+from node.commands.tools import TOOLS, AutoRecall
+from node.control import POLL_S, remote, route
+from node.home import Home, NotInitialised
+
+PROMPT = "relevant_memories"
+SERVE_LOG = "serve.log"  # where a serve started here writes (appended: one file per home)
+SPAWN_LOCK = "serve.spawn.lock"  # held while one `memmesh mcp` starts serve for the home
+START_TIMEOUT_S = 30.0  # a cold interpreter importing memmesh on a loaded machine
+
+# Hints for clients (never security): what each tool does to the world.
+ANNOTATIONS: dict[str, ToolAnnotations] = {
+    "remember": ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                open_world_hint=False),
+    "recall": ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    "list_memory_banks": ToolAnnotations(read_only_hint=True, open_world_hint=False),
+}
+
+
+class ServeStartError(MemmeshError):
+    """memmesh mcp could not start serve for the home; the message names serve's log."""
+
+
+# ---------------------------------------------------------------------- the home's serve
+def ensure_serve(home: Path, timeout: float = START_TIMEOUT_S) -> int | None:
+    """Make sure a serve answers for ``home``, starting one, detached, when none runs.
+
+    Returns the pid of the serve started here, None when one was running already. Two
+    processes calling this at once start one serve: the second waits on the spawn lock, then
+    finds the first one's serve answering."""
+    if _answers(home):
+        return None
+    with _spawn_lock(home, timeout):
+        if _answers(home):
+            return None
+        return _start_serve(home, timeout)
+
+
+def _answers(home: Path) -> bool:
+    client = route(home)  # waits (bounded) while a one-shot command holds the home
+    if client is None:
+        return False
+    client.close()
+    return True
+
+
+@contextlib.contextmanager
+def _spawn_lock(home: Path, timeout: float) -> Iterator[None]:
+    fd = os.open(home / SPAWN_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        # The holder waits at most ``timeout`` for its serve, so this wait is bounded as well.
+        deadline = time.monotonic() + timeout + 5.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ServeStartError(f"another memmesh mcp has been starting serve for {home} for over "
+                                          f"{timeout:g} s; see {home / SERVE_LOG}") from None
+                time.sleep(POLL_S)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _start_serve(home: Path, timeout: float) -> int | None:
+    log_path = home / SERVE_LOG
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    start = os.fstat(log_fd).st_size
+    try:
+        # Its own session: the MCP client stopping this server (or its process group) must not
+        # stop the serve other clients of the home use. Listen addresses come from config.yaml.
+        proc = subprocess.Popen([sys.executable, "-m", "node.cli", "--home", str(home), "serve"],
+                                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True)
+    finally:
+        os.close(log_fd)
+    print(f"memmesh: no serve was running for {home}; started one, detached (pid {proc.pid}, log {log_path})",
+          file=sys.stderr, flush=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        client = remote(home)
+        if client is not None:
+            client.close()
+            # Another serve (one a user started meanwhile) answers just as well; ours then refuses.
+            return proc.pid if client.pid == proc.pid else None
+        code = proc.poll()
+        if code is not None:
+            raise ServeStartError(f"serve for {home} exited with code {code} before answering"
+                                  f"{_last_line(log_path, start)}; its log: {log_path}")
+        if time.monotonic() >= deadline:
+            proc.terminate()
+            raise ServeStartError(f"serve for {home} (pid {proc.pid}) did not answer within {timeout:g} s and was "
+                                  f"stopped; its log: {log_path}")
+        time.sleep(POLL_S)
+
+
+def _last_line(path: Path, start: int) -> str:
+    """' (<the last line serve wrote>)', its error, or nothing."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return f" ({lines[-1]})" if lines else ""
+
+
+def call(home: Path, name: str, params: dict[str, Any]) -> Result:
+    """Run registry command ``name`` through the home's serve (started again if it went away)."""
+    ensure_serve(home)
+    return run_command(home, name, params)
+
+
+# ---------------------------------------------------------------------- tools and the prompt
+class RegistryTool(Tool):
+    """A tool whose published input schema is given (the registry's model) and whose
+    arguments reach ``fn`` untouched: the registry validates them, once, for every transport."""
+
+    async def run(self, arguments: dict[str, Any], context: Any, convert_result: bool = False) -> Any:
+        try:
+            return await self.fn(arguments)
+        except MCPError:
+            raise
+        except Exception as exc:  # a bug: the SDK logs it, the client gets no internals
+            raise UnexpectedToolError(f"Error executing tool {self.name}") from exc
+
+
+class RegistryPrompt(Prompt):
+    """A prompt whose arguments reach ``fn`` untouched (the SDK's own checks would answer a
+    missing argument with a generic internal error)."""
+
+    async def render(self, arguments: dict[str, Any] | None, context: Any) -> list[Message]:
+        return await self.fn(arguments or {})
+
+
+def _run_tool(home: Path, agent: str, name: str, arguments: dict[str, Any]) -> CallToolResult:
+    try:
+        result = call(home, "tool", {"agent": agent, "tool": name, "args": arguments})
+    except (MemmeshError, OSError) as exc:
+        line, _ = failure(exc)  # type: ignore[misc]
+        return CallToolResult(content=[TextContent(type="text", text=line)], is_error=True)
+    return CallToolResult(content=[TextContent(type="text", text=result.text)], structured_content=result.data)
+
+
+# The prompt takes the autorecall command's parameters but the agent, which is this server's.
+PROMPT_ARGS = [name for name in AutoRecall.model_fields if name != "agent"]
+LINES = {"messages": "; one message per line"}  # a list parameter, as a prompt's string argument
+
+
+def _relevant_memories(home: Path, agent: str, arguments: dict[str, str]) -> list[Message]:
+    unknown = sorted(set(arguments) - set(PROMPT_ARGS))
+    if unknown:
+        raise MCPError(INVALID_PARAMS,
+                       f"{PROMPT} does not take {', '.join(unknown)}; it takes {', '.join(PROMPT_ARGS)}")
+    params: dict[str, Any] = dict(arguments)
+    for name in LINES:
+        if isinstance(params.get(name), str):
+            params[name] = [line for line in params[name].splitlines() if line.strip()]
+    try:
+        block = call(home, "autorecall", {**params, "agent": agent}).data["block"]
+    except (MemmeshError, OSError) as exc:
+        line, _ = failure(exc)  # type: ignore[misc]
+        raise MCPError(INVALID_PARAMS if isinstance(exc, ParamsError) else INTERNAL_ERROR, line) from None
+    return [UserMessage(block)] if block else []  # nothing relevant: nothing to add to the conversation
+
+
+def _in_thread(fn: Callable[..., Any]) -> Callable[[Any], Awaitable[Any]]:
+    """``fn(arg)`` on a worker thread: the control channel's client blocks."""
+    async def run(arg: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, arg)
+    return run
+
+
+def build_server(home: Path, agent: str) -> MCPServer:
+    """The MCP server of ``agent`` in ``home``: its tools and prompt, calling the home's serve."""
+    home = Path(home)
+    tools = [RegistryTool(fn=_in_thread(partial(_run_tool, home, agent, name)), name=name,
+                          description=spec.description, parameters=spec.args.model_json_schema(),
+                          fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True,
+                          annotations=ANNOTATIONS[name])
+             for name, spec in TOOLS.items()]
+    fields = AutoRecall.model_fields
+    prompt = RegistryPrompt(
+        name=PROMPT, title="Relevant memories",
+        description=f"The '## Relevant Memories' block: what agent {agent} and the banks attached to it remember "
+                    "that bears on the last messages (no message when nothing does).",
+        arguments=[PromptArgument(name=name, required=fields[name].is_required(),
+                                  description=fields[name].description + LINES.get(name, ""))
+                   for name in PROMPT_ARGS],
+        fn=_in_thread(partial(_relevant_memories, home, agent)))
+    server: MCPServer = MCPServer(
+        "memmesh", version=_version(), tools=tools,
+        instructions=f"The memory of agent {agent}: remember facts, recall them by words and meaning, "
+                     "and list the memory banks it can use.")
+    server.add_prompt(prompt)
+    return server
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("memmesh")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+# ---------------------------------------------------------------------- running it
+def prepare(home: Path, agent: str) -> MCPServer:
+    """Check the home, make sure its serve runs, check the agent; the server, ready to run."""
+    home = Path(home).absolute()  # the detached serve must not depend on our working directory
+    if not Home.is_initialised(home):
+        raise NotInitialised(f"no memmesh node in {home}; run: memmesh --home {home} init")
+    ensure_serve(home)
+    # An unknown agent fails here, with the registry's message, rather than on every call. An
+    # auto-recall of no messages resolves the agent as every call does, and reads nothing.
+    call(home, "autorecall", {"agent": agent, "messages": []})
+    return build_server(home, agent)
+
+
+def run_stdio(home: Path, agent: str) -> None:
+    """Serve MCP on stdin/stdout until the client closes stdin."""
+    anyio.run(prepare(home, agent).run_stdio_async)
+
+
+def run_http(home: Path, agent: str, listen: str) -> None:
+    """Serve MCP over Streamable HTTP on ``listen`` (a loopback address; Mcp checks it)."""
+    import uvicorn
+
+    from node.serve import bind_listen
+
+    server = prepare(home, agent)
+    sock = bind_listen(listen)
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    app = server.streamable_http_app(host=sock.getsockname()[0])
+    print(f"memmesh: MCP for agent {agent} at http://{host}:{port}/mcp (Streamable HTTP)", file=sys.stderr, flush=True)
+    # log_config=None: uvicorn's records go to the process's stderr handler; no access log.
+    config = uvicorn.Config(app, log_config=None, access_log=False, log_level="warning")
+    with sock:
+        anyio.run(partial(uvicorn.Server(config).serve, sockets=[sock]))

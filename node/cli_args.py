@@ -134,6 +134,8 @@ def command_of(args: argparse.Namespace, registry: Registry = REGISTRY) -> tuple
         value = given[name]
         if _cli(field).env:
             value = _from_env(value)
+        elif _cli(field).path and isinstance(value, str):
+            value = os.path.abspath(value)
         elif _shape(field.annotation)[0] == "dict":
             value = _from_json(f"{name} ({field.description})" if field.description else name, value)
         params[name] = value

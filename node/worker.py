@@ -100,6 +100,9 @@ class Network:
         self.lookup: Callable[[str], list[str]] = lambda key: []
         self.discovered: Callable[[], list[dict[str, Any]]] = lambda: []
         self.poke: Callable[[str], None] = lambda db_id: None
+        # Set by serve: a config just applied (node/config_apply.py) takes effect in the running
+        # serve; returns what needs a restart of serve instead.
+        self.reconfigure: Callable[[Any], list[str]] = lambda cfg: []
 
     @property
     def serving(self) -> bool:

@@ -10,6 +10,7 @@ from node.commands.params import AgentParams, Cli
 from node.commands.registry import command
 from node.commands.result import Result
 from node.memory.agents import CONFIG_DEFAULTS, agent_state, parse_config_value
+from node.settings import memory_defaults
 
 if TYPE_CHECKING:
     from node.library import Node
@@ -43,7 +44,7 @@ def memory_config(node: "Node", p: MemoryConfig) -> Result:
         node.agents.write_config(ag, {"set": p.key, "value": parsed})
     elif p.action == "reset":
         node.agents.write_config(ag, {"reset": True})
-    state = agent_state(ag.db)
+    state = agent_state(ag.db, memory_defaults(node))  # the effective values: config.yaml's below the agent's
     config = dict(state.config)
     config["auto_recall_banks"] = [node.agents.name_of(i) for i in config["auto_recall_banks"]]
     attached = {("*" if s is None else s): [node.agents.name_of(i) for i in ids] for s, ids in state.attached.items() if ids}

@@ -13,15 +13,22 @@ if TYPE_CHECKING:
 
 @command("init", NoParams, "create the node: peer key and data directory", creates_home=True)
 def init(node: "Node", p: NoParams) -> Result:
+    from node.settings import CONFIG_FILE, write_template
+
     peer = str(node.peer_key.public)
+    config_written = write_template(node.home)  # a commented template, never over an existing file
     if node.created:
         text = f"initialised memmesh node in {node.home}\npeer key: {peer}"
     else:
-        text = f"memmesh node already initialised in {node.home} (nothing changed)\npeer key: {peer}"
-    return Result({"home": str(node.home), "peer_key": peer, "created": node.created}, text)
+        unchanged = "" if config_written else " (nothing changed)"
+        text = f"memmesh node already initialised in {node.home}{unchanged}\npeer key: {peer}"
+    if config_written:
+        text += f"\nwrote {node.home / CONFIG_FILE} (every key commented out: the defaults)"
+    return Result({"home": str(node.home), "peer_key": peer, "created": node.created,
+                   "config_written": config_written}, text)
 
 
-@command("status", NoParams, "peer key and hosted databases")
+@command("status", NoParams, "peer key and hosted databases", read_only=True)
 def status(node: "Node", p: NoParams) -> Result:
     dbs = []
     for db_id in node.database_ids():

@@ -50,12 +50,15 @@ class Cli:
     Not positional: an option ``--field-name`` (or ``flag``); booleans are switches, lists are
     repeatable options, ``dict`` fields are JSON text. ``env``: the option names an environment
     variable whose value is the parameter, so a secret never stands on the command line.
+    ``path``: the value is a file path, made absolute against the caller's working directory,
+    so a command sent to a running serve reads the file the caller meant.
     """
 
     positional: bool = False
     flag: str | None = None
     metavar: str | None = None
     env: bool = False
+    path: bool = False
 
 
 AgentName = Annotated[str, Cli(positional=True), Field(description="the agent's name")]

@@ -18,6 +18,7 @@ from node.commands.registry import command
 from node.commands.result import Result, json_text
 from node.memory.rows import MAX_KEY_CHARS, MAX_TAG_CHARS, MAX_TAGS, MAX_VALUE_CHARS
 from node.memory.view import DEFAULT_LIMIT, MAX_LIMIT
+from node.settings import check_tool
 
 if TYPE_CHECKING:
     from node.library import Node
@@ -51,15 +52,20 @@ class Tool:
     description: str
 
 
+# Each tool checks the agent's allowed_tools (config.yaml) first: every way of running a tool
+# comes through these functions, so none can skip it.
 def _remember(node: "Node", agent: "Agent", a: RememberArgs) -> dict[str, Any]:
+    check_tool(node, agent.name, "remember")
     return node.memory.remember(agent, a.key, a.value, a.tags, a.bank)
 
 
 def _recall(node: "Node", agent: "Agent", a: RecallArgs, include_superseded: bool = False) -> dict[str, Any]:
+    check_tool(node, agent.name, "recall")
     return node.memory.recall(agent, a.query, a.tags, a.limit, a.bank, include_superseded=include_superseded)
 
 
 def _list_banks(node: "Node", agent: "Agent", a: NoParams) -> dict[str, Any]:
+    check_tool(node, agent.name, "list_memory_banks")
     return node.memory.list_banks(agent)
 
 

@@ -21,7 +21,7 @@ from auth.ops import GrantOp, RevokeOp
 from auth.permissions import Permission, holds
 from crdt.database import Database
 from node.home import Home
-from node.registry import AgentRecord, BankRecord, NameError_, check_name
+from node.registry import AgentRecord, BankRecord, NameError_, NameTaken, UnknownName, check_name
 
 BANKS_STORE = "memory_banks"
 CONFIG_STORE = "config"
@@ -79,14 +79,17 @@ class AgentState:
     attached: dict[str | None, list[str]] = field(default_factory=dict)  # session -> db ids
 
 
-def agent_state(db: Database) -> AgentState:
-    st = AgentState()
+def agent_state(db: Database, defaults: dict[str, Any] | None = None) -> AgentState:
+    """``defaults``: the config before the agent's own rows (and after a reset); the node's
+    (settings.memory_defaults: config.yaml's auto_recall over CONFIG_DEFAULTS), or the built-in ones."""
+    base = CONFIG_DEFAULTS if defaults is None else defaults
+    st = AgentState(config=dict(base))
     for row in db.rows(CONFIG_STORE):
         v = row.value
         if not isinstance(v, dict):
             continue
         if v.get("reset") is True:
-            st.config = dict(CONFIG_DEFAULTS)
+            st.config = dict(base)
         elif isinstance(v.get("set"), str) and v["set"] in CONFIG_DEFAULTS:
             try:
                 st.config[v["set"]] = parse_config_value(v["set"], v.get("value"))
@@ -140,7 +143,7 @@ class Agents:
         check_name(name, "agent")
         taken = self.registry.name_taken(name)
         if taken:
-            raise NameError_(f"{name!r} is already {taken} on this node")
+            raise NameTaken(f"{name!r} is already {taken} on this node")
         key_name = f"agent-{name}"
         # A key file without a registered agent is left by a creation that failed after the
         # key was saved: reuse it rather than refuse the name for good.
@@ -153,7 +156,7 @@ class Agents:
         rec = self.registry.agent(name)
         if rec is None:
             known = ", ".join(r.name for r in self.registry.agents()) or "none yet"
-            raise NameError_(f"no agent named {name!r} (agents: {known}); create one with: memmesh agent new {name}")
+            raise UnknownName(f"no agent named {name!r} (agents: {known}); create one with: memmesh agent new {name}")
         return Agent(rec.name, self.home.load_key(rec.key_name), self.home.database(rec.db_id))
 
     def agents(self) -> list[AgentRecord]:
@@ -164,7 +167,7 @@ class Agents:
         check_name(name, "bank")
         taken = self.registry.name_taken(name)
         if taken:
-            raise NameError_(f"{name!r} is already {taken} on this node")
+            raise NameTaken(f"{name!r} is already {taken} on this node")
         key = SigningKey.generate()
         db = self.home.create_database(key, {"kind": "bank", "display_name": name, "description": description})
         key_name = f"bank-{db.id[7:23]}"
@@ -186,8 +189,8 @@ class Agents:
         if named is not None:
             return self.resolve(named)
         known = [b.name for b in self.registry.banks()]
-        raise NameError_(f"no bank {ref!r} on this node (banks: {', '.join(known) or 'none yet'}); "
-                         "create one with: memmesh memory new NAME")
+        raise UnknownName(f"no bank {ref!r} on this node (banks: {', '.join(known) or 'none yet'}); "
+                          "create one with: memmesh memory new NAME")
 
     def _name_by_id(self, db_id: str) -> str | None:
         """The registered bank or agent whose database is ``db_id``."""
@@ -210,7 +213,7 @@ class Agents:
     def delete_bank(self, ref: str) -> BankRecord:
         rec = self.registry.bank(ref) or next((b for b in self.registry.banks() if b.db_id == ref), None)
         if rec is None:
-            raise NameError_(f"no registered bank {ref!r}; `memmesh memory list` shows them")
+            raise UnknownName(f"no registered bank {ref!r}; `memmesh memory list` shows them")
         self.registry.archive_bank(rec)
         return rec
 

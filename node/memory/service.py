@@ -21,6 +21,7 @@ from node.memory.rows import MEMORY_STORE, embedding_value, memory_value
 from node.memory.tokens import autorecall_query_tokens
 from node.memory.view import DEFAULT_LIMIT, MemoryView
 from node.registry import NameError_
+from node.settings import memory_defaults
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class MemoryService:
 
     # ------------------------------------------------------------------ auto-recall
     def auto_recall(self, agent: Agent, messages: Sequence[str], session: str | None = None) -> str:
-        state = agent_state(agent.db)
+        state = agent_state(agent.db, memory_defaults(self.agents.home))
         if not state.config["auto_recall_enabled"]:
             return ""
         tokens = autorecall_query_tokens(list(messages)) if messages else []

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -28,7 +28,7 @@ from auth.permissions import holds
 from crdt.database import Database
 from node.sync import messages as m
 from node.sync import sharing
-from node.sync.http import HttpTransport, run_exchange, sync_app_routes
+from node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
 from node.sync.protocol import Client, Exchange, SyncError, SyncServer
 from node.sync.state import now_ms
 
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memmesh.sync")
 PUSH_DEBOUNCE_S = 0.02
+HELLO_TIMEOUT_S = 5.0  # asking a configured address for its key
+HELLO_BACKOFF_CAP_S = 300.0
 
 
 class ServedNode:
@@ -70,12 +72,18 @@ class ServedNode:
 
 class SyncService:
     def __init__(self, node: "Node", *, address: str, discovery: bool = True, interval_s: float = 5.0,
-                 fanout: int = 3, seed: int | None = None) -> None:
+                 fanout: int = 3, seed: int | None = None, peers: Sequence[str] = ()) -> None:
         self.node = node
         self.address = address  # the address hint peers reach this node at: "http:host:port"
         self.discovery = discovery
         self.interval_s = interval_s
         self.fanout = fanout
+        # config.yaml's sync.peers: addresses synced with every shared database each round, on
+        # top of the fan-out; the key behind each is asked once (hello) and remembered.
+        self.peers = tuple(peers)
+        self._peer_keys: dict[str, str] = {}
+        self._hello_backoff: dict[str, tuple[int, float]] = {}  # address -> (failures, not before)
+        self._full_now = False
         self.server = SyncServer(node.peer_key, ServedNode(node))
         self.client = Client(node.peer_key)
         self._rnd = random.Random(seed)
@@ -163,23 +171,26 @@ class SyncService:
 
     async def _daemon(self) -> None:
         run = self.node.network.runner()
-        next_full = 0.0
+        last_full: float | None = None
         loop = asyncio.get_running_loop()
         while True:
             shared = await run(self._shared_and_watch)
             now = loop.time()
-            if now >= next_full:
+            # interval_s is read each time round: a reload (configure) changes it live
+            if last_full is None or self._full_now or now >= last_full + self.interval_s:
                 todo = set(shared)
-                next_full = now + self.interval_s
+                last_full, self._full_now = now, False
             else:
                 todo = self._dirty & set(shared)
             self._dirty -= todo
             if todo:
                 self.rounds += 1
-                await asyncio.gather(*(self._round(db_id) for db_id in sorted(todo)), return_exceptions=True)
+                configured = await self._configured_peers()
+                await asyncio.gather(*(self._round(db_id, configured) for db_id in sorted(todo)),
+                                     return_exceptions=True)
             assert self._wake is not None
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_full - loop.time()))
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, last_full + self.interval_s - loop.time()))
                 await asyncio.sleep(PUSH_DEBOUNCE_S)  # gather the commits of one burst
             except asyncio.TimeoutError:
                 pass
@@ -194,15 +205,66 @@ class SyncService:
                 self._unsubscribe.pop(db_id)()
         return shared
 
-    async def _round(self, db_id: str) -> None:
+    async def _round(self, db_id: str, configured: Sequence[tuple[str, str]] = ()) -> None:
         run = self.node.network.runner()
         peers = await run(lambda: self.node.sync.peers.choose(db_id, self.fanout, now_ms(), self._rnd))
-        results = await asyncio.gather(*(self.exchange(db_id, p.key, list(p.addrs)) for p in peers),
+        targets = {p.key: list(p.addrs) for p in peers}
+        for key, address in configured:  # every configured peer, chosen or not
+            addrs = targets.setdefault(key, [])
+            if address not in addrs:
+                addrs.insert(0, address)
+        results = await asyncio.gather(*(self.exchange(db_id, key, addrs) for key, addrs in targets.items()),
                                        return_exceptions=True)
-        for r in results:
+        for (key, _addrs), r in zip(targets.items(), results):
+            if isinstance(r, SyncError) and r.reason != "sync.not_found":
+                # Maybe another node answers at that address now: ask it for its key again.
+                for address in [a for a, k in self._peer_keys.items() if k == key]:
+                    del self._peer_keys[address]
             if isinstance(r, BaseException) and not isinstance(r, (SyncError, asyncio.CancelledError)):
                 log.warning("sync of %s failed: %s", db_id, r)
         await run(self.node.sync.save_peers)
+
+    # ------------------------------------------------------------------ configured peers
+    def configure(self, *, interval_s: float, fanout: int, peers: Sequence[str]) -> None:
+        """New daemon settings from a reload (callable from any thread): they hold from the next
+        round, which starts at once."""
+        def apply() -> None:
+            self.interval_s, self.fanout, self.peers = interval_s, fanout, tuple(peers)
+            self._full_now = True
+            if self._wake is not None:
+                self._wake.set()
+
+        if self._loop is None:
+            apply()
+        else:
+            self._loop.call_soon_threadsafe(apply)
+
+    async def _configured_peers(self) -> list[tuple[str, str]]:
+        """(key, address) of each configured peer that answers (never this node itself)."""
+        keys = await asyncio.gather(*(self._key_at(a) for a in self.peers))
+        me = str(self.node.peer_key.public)
+        return [(k, a) for k, a in zip(keys, self.peers) if k is not None and k != me]
+
+    async def _key_at(self, address: str) -> str | None:
+        """The key of the node at ``address`` (hello), remembered; after a failure, asked again
+        only after a backoff (doubling, up to 5 min)."""
+        if address in self._peer_keys:
+            return self._peer_keys[address]
+        assert self._session is not None and self._loop is not None
+        failures, not_before = self._hello_backoff.get(address, (0, 0.0))
+        if self._loop.time() < not_before:
+            return None
+        try:
+            key, _hello = await call(HttpTransport(self._session, timeout=HELLO_TIMEOUT_S), self.client,
+                                     address, "*", m.Hello())
+        except SyncError as exc:
+            wait = min(HELLO_BACKOFF_CAP_S, float(2 ** min(failures, 16)))
+            self._hello_backoff[address] = (failures + 1, self._loop.time() + wait)
+            log.info("configured peer %s does not answer (asking again in %g s): %s", address, wait, exc)
+            return None
+        self._hello_backoff.pop(address, None)
+        self._peer_keys[address] = key
+        return key
 
     async def exchange(self, db_id: str, peer: str, addrs: list[str]) -> Exchange | None:
         """One exchange of ``db_id`` with ``peer``, trying its addresses (and, with discovery,
@@ -258,7 +320,8 @@ class SyncService:
         if self._discovery is not None:
             discovered = [{"key": p.key, "addresses": list(p.addresses)} for p in self._discovery.peers()]
         return {"address": self.address, "discovery": self._discovery is not None, "rounds": self.rounds,
-                "interval_s": self.interval_s, "fanout": self.fanout, "discovered": discovered}
+                "interval_s": self.interval_s, "fanout": self.fanout, "peers": list(self.peers),
+                "discovered": discovered}
 
     def discovered(self, key: str) -> list[str]:
         if self._discovery is None:

@@ -138,7 +138,7 @@ class Serve:
         self.log_path = home.parent / f"{home.name}-serve-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-c", SHIM, "--home", str(home), "serve", "--listen",
-                                      "127.0.0.1:0", "--no-discovery", *extra],
+                                      "127.0.0.1:0", "--no-discovery", "--api-listen", "off", *extra],
                                      stdout=subprocess.DEVNULL, stderr=self._log, env={**os.environ, **env})
         self.info: dict[str, Any] = {}
 

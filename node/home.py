@@ -3,6 +3,7 @@
 Layout (docs/architecture.md):
     HOME/node.sqlite      the SQLite storage: signed logs, pending entries, peer-local data
     HOME/keys/peer.key    the node's peer key (0600); agent and bank keys live beside it
+    HOME/api.token        the local HTTP API's bearer token (0600; node/api/token.py)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from auth.errors import MemmeshError
 from auth.keys import SigningKey
 from crdt.database import Database
+from node.api.token import create_token
 from node.keystore import load_key, save_key
 from node.registry import Registry
 from node.storage import SqliteStorage
@@ -98,6 +100,7 @@ class Home:
         if created:
             home.mkdir(parents=True, exist_ok=True, mode=0o700)  # the home holds keys and the control socket
             save_key(home / KEYS_DIR / PEER_KEY, SigningKey.generate())
+            create_token(home)  # the local HTTP API's bearer token (0600)
         node = cls.open(home)
         node.created = created
         return node, created

@@ -29,6 +29,15 @@ class NameError_(MemmeshError):  # noqa: N801 - the builtin NameError means some
     """A name that is malformed, taken, or unknown."""
 
 
+# Told apart so that a transport can say which (the HTTP API answers 404 and 409).
+class UnknownName(NameError_):
+    """No agent or bank of this name (or database id) on this node."""
+
+
+class NameTaken(NameError_):
+    """The name is already an agent's or a bank's on this node."""
+
+
 def check_name(name: object, what: str) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise NameError_(

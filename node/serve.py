@@ -6,10 +6,11 @@ over a control channel, so those never wait on the home's lock:
 
     HOME/serve.sock   the control channel: HTTP over a Unix socket of mode 0600 (node/control.py
                       has the protocol and the client)
-    HOME/serve.json   pid, listen address, control socket, node key, start time (mode 0600);
+    HOME/serve.json   pid, listen address, control socket, node key, start time, the local
+                      HTTP API's address (``api``, null when off; node/api/) (mode 0600);
                       written once everything answers, removed first on the way out
 
-Threads: the asyncio loop moves bytes (sync API, control channel); one database thread
+Threads: the asyncio loop moves bytes (sync API, control channel, HTTP API); one database thread
 (node.worker.DbThread) runs every call that touches the node, commands included, in order.
 ``node.network`` points at both, so a command that needs the network runs its coroutine on
 this loop while the database thread keeps serving everyone else.
@@ -19,6 +20,9 @@ socket is created with mode 0600 (bound under umask 0177, then chmod), in a home
 refuses unless the current user owns it and neither group nor others may write it, so nobody
 else can connect to it, or replace it with a socket of their own. Peer credentials
 (SO_PEERCRED) would check the same thing again, and are not portable; they are not read.
+
+config.yaml is read before anything listens and again on SIGHUP, which does what `memmesh
+reload` does (node/config_apply.py); the sync flags resolve against it (node/serve_config.py).
 
 SIGINT and SIGTERM stop it gracefully: serve.json goes (new commands then wait for the home
 and open it directly), the sync daemon stops, the listeners close, in-flight control commands
@@ -49,12 +53,18 @@ from typing import Any, Callable, TextIO
 from aiohttp import web
 
 from auth.errors import MemmeshError
+from node.api.address import api_listen as resolve_api_listen
+from node.api.app import build_app
+from node.api.token import ensure_token
 from node.commands import REGISTRY, Result
 from node.commands.registry import Event, Registry
 from node.commands.serving import DEFAULT_HOST, DEFAULT_PORT, parse_listen
 from node.control import SERVE_JSON, SERVE_SOCK, AlreadyServing, ServeError, read_info, refuse_if_serving, \
     remove_files, socket_address
+from node.config_apply import reload_config
 from node.library import Node
+from node.serve_config import LiveConfig, SyncFlags
+from node.settings import ApiSpec
 from node.sync.messages import MAX_BODY_BYTES
 from node.sync.service import SyncService
 from node.worker import DbThread, Network
@@ -169,6 +179,32 @@ def bind_listen(listen: str) -> socket.socket:
         raise ServeError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
 
 
+def bind_api(spec: ApiSpec, flag: str | None) -> socket.socket | None:
+    """The local HTTP API's listening socket (node/api/address.py says where), None when off."""
+    listen = resolve_api_listen(flag, spec)
+    if listen is None:
+        return None
+    try:
+        return bind_listen(listen)
+    except ServeError as exc:
+        raise ServeError(f"{exc} (the HTTP API: choose another address with --api-listen HOST:PORT, or off)") from None
+
+
+async def start_api(home: Path, sock: socket.socket | None, commands: "CommandRunner",
+                    runners: list[web.AppRunner]) -> str | None:
+    """Serve the local HTTP API on ``sock`` (its runner joins ``runners``, so it drains on the way
+    out like the others); its HOST:PORT, None when it is off."""
+    if sock is None:
+        return None
+    runner = web.AppRunner(build_app(commands.run, ensure_token(home)), access_log=None, shutdown_timeout=DRAIN_S)
+    await runner.setup()
+    runners.append(runner)
+    host, port = _host_port(sock)
+    await web.SockSite(runner, sock).start()
+    _event("api.listening", address=f"{host}:{port}", openapi=f"http://{host}:{port}/v1/openapi.json")
+    return f"{host}:{port}"
+
+
 def _host_port(sock: socket.socket) -> tuple[str, int]:
     host, port = sock.getsockname()[:2]
     return (f"[{host}]" if ":" in host else host), port
@@ -185,6 +221,27 @@ def write_info(home: Path, info: dict[str, Any]) -> None:
     os.replace(tmp, home / SERVE_JSON)
 
 
+# ---------------------------------------------------------------------- running commands
+class CommandRunner:
+    """How serve runs a command for each of its transports (the control channel, the HTTP
+    API): by name, on the database thread, in order with every other call to the node."""
+
+    def __init__(self, node: Node, db: DbThread, info: dict[str, Any], registry: Registry = REGISTRY) -> None:
+        self.node = node
+        self.db = db
+        self.info = info
+        self.registry = registry
+
+    async def run(self, name: str, params: Any, events: Callable[[Event], None] | None = None) -> Result:
+        return await self.db.run(lambda: self._run(name, params, events))
+
+    def _run(self, name: str, params: Any, events: Callable[[Event], None] | None) -> Result:
+        if name == "serve":
+            raise AlreadyServing(f"serve is already running for {self.node.home} (pid {self.info.get('pid')}, "
+                                 f"listening on {self.info.get('listen')})")
+        return self.registry.run(self.node, name, params, events=events)
+
+
 # ---------------------------------------------------------------------- the control channel
 class ControlChannel:
     """The control channel's routes (protocol: node/control.py): each command runs on the
@@ -192,10 +249,8 @@ class ControlChannel:
 
     def __init__(self, node: Node, db: DbThread, info: dict[str, Any], *, registry: Registry = REGISTRY,
                  status: Callable[[], dict[str, Any]] = dict) -> None:
-        self.node = node
-        self.db = db
+        self.commands = CommandRunner(node, db, info, registry)
         self.info = info
-        self.registry = registry
         self.sync_status = status
 
     def app(self) -> web.Application:
@@ -239,7 +294,7 @@ class ControlChannel:
             with contextlib.suppress(RuntimeError):  # the loop is closing: nobody listens
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
-        job = asyncio.ensure_future(self.db.run(lambda: self._run(name, params, sink)))
+        job = asyncio.ensure_future(self.commands.run(name, params, sink))
         while True:
             getter = asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({job, getter}, return_when=asyncio.FIRST_COMPLETED)
@@ -266,12 +321,6 @@ class ControlChannel:
         if gone:
             _event("control.gone", logging.WARNING, op=name, note="the client left before the answer")
         return resp
-
-    def _run(self, name: str, params: Any, sink: Callable[[Event], None]) -> Result:
-        if name == "serve":
-            raise AlreadyServing(f"serve is already running for {self.node.home} (pid {self.info.get('pid')}, "
-                                 f"listening on {self.info.get('listen')})")
-        return self.registry.run(self.node, name, params, events=sink)
 
 
 def error_line(exc: BaseException, name: str) -> dict[str, Any]:
@@ -315,36 +364,41 @@ async def _access_log(request: web.Request, handler: Callable[[web.Request], Any
 
 
 # ---------------------------------------------------------------------- running
-def serve(home: Path | str, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}", discovery: bool = True,
-          log_json: bool = False, interval_s: float = 5.0, fanout: int = 3, advertise: str | None = None) -> Result:
-    """Open the node in ``home`` and serve it until SIGINT or SIGTERM (the library's entry)."""
+def serve(home: Path | str, listen: str | None = None, discovery: bool | None = None,
+          log_json: bool = False, interval_s: float | None = None, fanout: int | None = None,
+          advertise: str | None = None, api_listen: str | None = None) -> Result:
+    """Open the node in ``home`` and serve it until SIGINT or SIGTERM (the library's entry).
+    A sync setting left None comes from config.yaml, else its default (node/serve_config.py)."""
     home = Path(home)
     refuse_if_serving(home)
     node = Node.open(home, create=False)
     try:
         return serve_node(node, listen=listen, discovery=discovery, log_json=log_json,
-                          interval_s=interval_s, fanout=fanout, advertise=advertise)
+                          interval_s=interval_s, fanout=fanout, advertise=advertise, api_listen=api_listen)
     finally:
         node.close()
 
 
-def serve_node(node: Node, *, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}", discovery: bool = True,
-               log_json: bool = False, interval_s: float = 5.0, fanout: int = 3, advertise: str | None = None,
-               registry: Registry = REGISTRY, log_stream: TextIO | None = None) -> Result:
+def serve_node(node: Node, *, listen: str | None = None, discovery: bool | None = None,
+               log_json: bool = False, interval_s: float | None = None, fanout: int | None = None,
+               advertise: str | None = None, registry: Registry = REGISTRY, log_stream: TextIO | None = None,
+               api_listen: str | None = None) -> Result:
     """Serve an open node (its caller holds the home and closes the node afterwards) until
     SIGINT or SIGTERM; the `serve` command's handler."""
     try:
-        parse_listen(listen)
+        if listen is not None:
+            parse_listen(listen)
     except ValueError as exc:
         raise ServeError(f"serve: listen {exc} (got {listen!r})") from None
     check_home_private(node.home)
     with _logging_to(log_stream or sys.stderr, log_json):
         return asyncio.run(_serve(node, listen=listen, discovery=discovery, interval_s=interval_s,
-                                  fanout=fanout, registry=registry, advertise=advertise))
+                                  fanout=fanout, registry=registry, advertise=advertise, api_listen=api_listen))
 
 
-async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float, fanout: int,
-                 registry: Registry, advertise: str | None = None) -> Result:
+async def _serve(node: Node, *, listen: str | None, discovery: bool | None, interval_s: float | None,
+                 fanout: int | None, registry: Registry, advertise: str | None = None,
+                 api_listen: str | None = None) -> Result:
     loop = asyncio.get_running_loop()
     home = node.home
     stop = asyncio.Event()
@@ -357,11 +411,27 @@ async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float,
         stopped_by.append(sig.name)
         stop.set()
 
+    db_ready: list[DbThread] = []
+
+    def on_hangup() -> None:  # SIGHUP: what `memmesh reload` does, on the database thread
+        if stopped_by or not db_ready:
+            _event("signal", signal="SIGHUP", note="not reloading config.yaml: serve is " +
+                   ("stopping" if stopped_by else "starting (and reads it as it starts)"))
+            return
+        _event("signal", signal="SIGHUP", note="reloading config.yaml")
+        asyncio.ensure_future(db_ready[0].run(_reload_quietly))
+
+    def _reload_quietly() -> None:
+        with contextlib.suppress(MemmeshError):  # reload_config logged the outcome either way
+            reload_config(node)
+
     signals = []
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
             signals.append(sig)
+        loop.add_signal_handler(signal.SIGHUP, on_hangup)
+        signals.append(signal.SIGHUP)
 
     _event("start", home=str(home), pid=os.getpid(), node_key=str(node.peer_key.public))
     stale = read_info(home)
@@ -372,23 +442,31 @@ async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float,
 
     db = DbThread()
     node.network.loop, node.network.db = loop, db
-    tcp_sock = ctl_sock = None
+    tcp_sock = ctl_sock = api_sock = None
     sync: SyncService | None = None
     sync_started = False
     runners: list[web.AppRunner] = []
     info: dict[str, Any] = {}
     try:
+        # config.yaml before anything listens: it may say where (serve's flags win over it)
+        flags = SyncFlags(listen, advertise, discovery, interval_s, fanout)
+        live = await db.run(lambda: LiveConfig.start(node, flags))
+        db_ready.append(db)
+        listen, advertise, discovery = live.running.listen, live.running.advertise, live.running.discovery
+        interval_s, fanout = live.running.interval_s, live.running.fanout
         tcp_sock = bind_listen(listen)
         host, port = _host_port(tcp_sock)
         sock_path = (home / SERVE_SOCK).absolute()
         ctl_sock = bind_control_socket(sock_path)
+        api_sock = bind_api(live.api, api_listen)  # the api section as serve started with it
 
         if advertise is None and host in ("0.0.0.0", "::", "[::]"):
             raise ServeError(f"serve: listening on {host} needs --advertise http:HOST:PORT (the address peers "
                              "and tickets should use)")
         address = advertise or f"http:{host}:{port}"
         sync = SyncService(node, address=address, discovery=discovery, interval_s=interval_s,
-                           fanout=fanout)
+                           fanout=fanout, peers=live.running.peers)
+        live.attach(node, sync)  # from here on a reload reaches the daemon
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_access_log])
         sync.add_routes(app)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
@@ -408,6 +486,8 @@ async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float,
         await web.SockSite(ctl_runner, ctl_sock).start()
         ctl_sock = None
         _event("control.listening", socket=str(sock_path), mode="0600")
+        info["api"] = await start_api(home, api_sock, channel.commands, runners)
+        api_sock = None  # the API's site owns it now (or it was off)
 
         sync_started = True  # from here on stop() is owed, even if start() fails half-way
         await sync.start()
@@ -427,7 +507,7 @@ async def _serve(node: Node, *, listen: str, discovery: bool, interval_s: float,
         # Stop listening; in-flight requests and control commands get DRAIN_S to finish.
         for r in reversed(runners):
             await r.cleanup()
-        for s in (tcp_sock, ctl_sock):
+        for s in (tcp_sock, ctl_sock, api_sock):
             if s is not None:
                 s.close()
         await loop.run_in_executor(None, db.stop)  # after the queue drains

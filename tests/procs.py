@@ -67,7 +67,8 @@ class Serve:
         path = self.home.parent / f"{self.home.name}-serve-{len(self.logs)}.log"
         self.logs.append(path)
         self._log = open(path, "w")
-        args = [*CLI, "--home", str(self.home), "serve", "--listen", self.listen, "--interval", f"{self.interval:g}"]
+        args = [*CLI, "--home", str(self.home), "serve", "--listen", self.listen, "--interval", f"{self.interval:g}",
+                "--api-listen", "127.0.0.1:0"]  # any free port: tests run many serves at once
         if not self.discovery:
             args.append("--no-discovery")
         if self.advertise:

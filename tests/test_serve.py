@@ -59,7 +59,8 @@ class Server:
         self.log_path = home.parent / f"serve-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([*CLI, "--home", str(home), "serve", "--listen", "127.0.0.1:0", "--no-discovery",
-                                      *extra], stdout=subprocess.PIPE, stderr=self._log, text=True)
+                                      "--api-listen", "127.0.0.1:0", *extra],
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True)
         self.info: dict = {}
 
     def wait_ready(self) -> "Server":

@@ -26,7 +26,7 @@ def agent_new(node: "Node", p: AgentNew) -> Result:
     return Result(data, f"agent {agent.name} created\n  database {agent.db.id}\n  key {agent.key.public}")
 
 
-@command("agent.list", NoParams, "list the agents of this node")
+@command("agent.list", NoParams, "list the agents of this node", read_only=True)
 def agent_list(node: "Node", p: NoParams) -> Result:
     rows = [{"name": r.name, "id": r.db_id, "key": str(node.load_key(r.key_name).public)}
             for r in node.agents.agents()]

@@ -28,7 +28,7 @@ def memory_new(node: "Node", p: MemoryNew) -> Result:
                   f"bank {p.name} created\n  database {bank.db.id}")
 
 
-@command("memory.list", NoParams, "list banks")
+@command("memory.list", NoParams, "list banks", read_only=True)
 def memory_list(node: "Node", p: NoParams) -> Result:
     rows = []
     for rec in node.registry.banks():

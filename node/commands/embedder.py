@@ -46,7 +46,7 @@ def embedder_set(node: "Node", p: EmbedderSet) -> Result:
                         "`memmesh memory reindex` backfills older memories")
 
 
-@command("embedder.show", NoParams, "show the node's embedder")
+@command("embedder.show", NoParams, "show the node's embedder", read_only=True)
 def embedder_show(node: "Node", p: NoParams) -> Result:
     cfg = node.embedder_config()
     embedder = node.memory.embedder

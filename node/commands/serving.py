@@ -40,23 +40,38 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 class Serve(Params):
-    listen: Annotated[str, Cli(metavar="HOST:PORT"), Field(
-        description=f"where the sync API listens (port 0: any free port); default {DEFAULT_HOST}:{DEFAULT_PORT}")] \
-        = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+    # Not given (None): config.yaml's sync section says, else the built-in default (node/serve_config.py).
+    listen: Annotated[str | None, Cli(metavar="HOST:PORT"), Field(
+        description="where the sync API listens (port 0: any free port); default: sync.listen in config.yaml, "
+                    f"else {DEFAULT_HOST}:{DEFAULT_PORT}")] = None
     advertise: Annotated[str | None, Cli(metavar="http:HOST:PORT"), Field(
         description="the address peers are told to reach this node at (default: the listen address); "
                     "needed when listening on 0.0.0.0 or behind a proxy")] = None
-    no_discovery: Annotated[bool, Field(description="do not announce this node or look for peers on the LAN")] = False
+    no_discovery: Annotated[bool, Field(description="do not announce this node or look for peers on the LAN "
+                                                    "(default: sync.discovery in config.yaml, else on)")] = False
     log_json: Annotated[bool, Field(description="log one JSON object per line instead of text")] = False
-    interval_s: Annotated[float, Cli(flag="--interval", metavar="SECONDS"), Field(
-        gt=0, le=86400, description="how often each shared database is pulled from its peers, in seconds")] = 5.0
-    fanout: Annotated[int, Cli(metavar="N"), Field(
-        ge=1, le=64, description="how many peers each database syncs with per round")] = 3
+    interval_s: Annotated[float | None, Cli(flag="--interval", metavar="SECONDS"), Field(
+        gt=0, le=86400, description="how often each shared database is pulled from its peers, in seconds "
+                                    "(default: sync.interval_s in config.yaml, else 5)")] = None
+    fanout: Annotated[int | None, Cli(metavar="N"), Field(
+        ge=1, le=64, description="how many peers each database syncs with per round "
+                                 "(default: sync.fanout in config.yaml, else 3)")] = None
+    api_listen: Annotated[str | None, Cli(metavar="HOST:PORT"), Field(
+        description="where the local HTTP API listens (loopback only unless config.yaml's api.allow_remote), "
+                    "or off; default: api.listen in config.yaml, else 127.0.0.1:7412")] = None
 
     @field_validator("listen")
     @classmethod
-    def _listen(cls, value: str) -> str:
-        parse_listen(value)
+    def _listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_listen(value)
+        return value
+
+    @field_validator("api_listen")
+    @classmethod
+    def _api_listen(cls, value: str | None) -> str | None:
+        if value is not None and value != "off":
+            parse_listen(value)
         return value
 
     @field_validator("advertise")
@@ -76,5 +91,5 @@ class Serve(Params):
 def serve(node: "Node", p: Serve) -> Result:
     from node.serve import serve_node  # the transport, imported only by the command that is one
 
-    return serve_node(node, listen=p.listen, discovery=not p.no_discovery, log_json=p.log_json,
-                      interval_s=p.interval_s, fanout=p.fanout, advertise=p.advertise)
+    return serve_node(node, listen=p.listen, discovery=False if p.no_discovery else None, log_json=p.log_json,
+                      interval_s=p.interval_s, fanout=p.fanout, advertise=p.advertise, api_listen=p.api_listen)

@@ -90,7 +90,7 @@ def memory_import(node: "Node", p: MemoryImport) -> Result:
                   f"from {imported.address}{hint}")
 
 
-@command("peers", NoParams, "peers this node knows, per shared bank, and how it learnt them")
+@command("peers", NoParams, "peers this node knows, per shared bank, and how it learnt them", read_only=True)
 def peers(node: "Node", p: NoParams) -> Result:
     rows = []
     for db_id in node.sync.peers.databases():

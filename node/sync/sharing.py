@@ -29,7 +29,7 @@ from auth.ops import GrantOp, RevokeOp
 from auth.permissions import ADMIN, READ_LEVEL, WRITE, holds, rank
 from crdt.database import Database
 from node.memory.agents import WRITE_PRIORITY
-from node.registry import BankRecord, check_name, NameError_
+from node.registry import BankRecord, NameTaken, check_name
 from node.sync import messages as m
 from node.sync.http import HttpTransport, call, run_exchange
 from node.sync.protocol import Client, Exchange, SyncError
@@ -260,7 +260,7 @@ def _register(node: "Node", ticket: Ticket, perm: str, name: str | None, address
     check_name(name, "bank")
     taken = node.registry.name_taken(name)
     if taken:
-        raise NameError_(f"{name!r} is already {taken} on this node; import with --name OTHER")
+        raise NameTaken(f"{name!r} is already {taken} on this node; import with --name OTHER")
     node.registry.add_bank(BankRecord(name, db.id, PEER_KEY_NAME, str(db.meta().get("description") or "")))
     node.sync.share(db.id)
     node.sync.peers.add(db.id, ticket.issuer, [address], "ticket", now_ms())

@@ -1,0 +1,182 @@
+"""The local HTTP API's aiohttp application: parse the request, run its command, render.
+
+    app = build_app(run, token)      # run(name, params) -> Result, awaited (serve's runner)
+
+Per request, in order: the bearer token (every route but ``GET /v1/openapi.json``; compared in
+constant time), the body (at most MAX_BODY_BYTES, ``application/json``, a JSON object; no
+query parameters anywhere), the route's parameters (path values merged into the body), then
+the command, run by name exactly as the control channel runs it. The answer is
+``{"data", "text", "warnings"}`` or ``{"error": {"code", "message"}}`` (node/api/errors.py).
+Nothing is validated here that the command's model validates: bad parameters are refused by
+the registry before the handler runs, so they change nothing.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from node.api import errors
+from node.api.errors import HttpError, envelope, kind_of
+from node.api.openapi import document
+from node.api.routes import OPENAPI_PATH, Route, build_routes
+from node.api.token import matches
+from node.cli import failure
+from node.commands import REGISTRY
+from node.commands.registry import Registry
+from node.commands.result import Result
+
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: a memory's value is at most a few KiB; nothing needs more
+Runner = Callable[[str, dict[str, Any]], Awaitable[Result]]
+ROUTES = web.AppKey("routes", list)
+OPS = web.AppKey("ops", dict)  # (method, path template) -> the command's name, for the log
+DOCUMENT = web.AppKey("openapi", dict)
+log = logging.getLogger("memmesh.api")
+
+
+def build_app(run: Runner, token: str, *, registry: Registry = REGISTRY) -> web.Application:
+    """The API for the commands of ``registry``, each run through ``run``."""
+    routes = build_routes(registry)
+    # Errors outermost, so that a refused token is rendered (and logged) like any other error.
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors, _bearer(token)])
+    app[ROUTES] = routes
+    app[OPS] = {(r.method, r.path): r.command.name for r in routes}
+    app[DOCUMENT] = document(routes)
+    for route in routes:
+        app.router.add_route(route.method, route.path, _handler(route, run))
+    app.router.add_route("GET", OPENAPI_PATH, _openapi)
+    return app
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    return _json(200, request.app[DOCUMENT])
+
+
+def _handler(route: Route, run: Runner) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        if request.query_string:
+            raise HttpError(errors.INVALID_PARAMS, f"{route.method} {route.path} takes no query parameters"
+                                                   + ("" if route.body is None else "; send them in the JSON body"))
+        body = await _body(request) if route.body is not None else {}
+        params = route.params(dict(request.match_info), body)
+        result = await run(route.command.name, params)
+        return _json(200, {"data": result.data, "text": result.text, "warnings": list(result.warnings)})
+    return handle
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise _too_large(request.content_length)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:  # a chunked body that grew past the limit
+        raise _too_large(None) from None
+    if not raw.strip():
+        return {}  # no body: the command's defaults (and its refusal of what is missing)
+    if request.content_type != "application/json":
+        raise HttpError(errors.UNSUPPORTED_MEDIA_TYPE,
+                        f"the body must be application/json (got {request.content_type or 'no content type'})")
+    try:
+        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise HttpError(errors.INVALID_JSON, f"the body is not valid JSON: {_why(exc)}") from None
+    if not isinstance(value, dict):
+        raise HttpError(errors.INVALID_JSON, f"the body must be a JSON object, got {_json_type(value)}")
+    return value
+
+
+def _too_large(size: int | None) -> HttpError:
+    got = f" (got {size} bytes)" if size is not None else ""
+    return HttpError(errors.BODY_TOO_LARGE, f"the body is over the limit of {MAX_BODY_BYTES} bytes{got}")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, UnicodeDecodeError):
+        return "it is not UTF-8"
+    return str(exc)
+
+
+def _json_type(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+# ---------------------------------------------------------------------- middlewares
+def _bearer(token: str) -> Any:
+    @web.middleware
+    async def bearer(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+        if request.method == "GET" and request.path == OPENAPI_PATH:
+            return await handler(request)  # public: a client reads it before it has the token
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise HttpError(errors.UNAUTHORIZED, "this API needs the node's token: send Authorization: Bearer "
+                                                 "<the content of HOME/api.token>",
+                            {"WWW-Authenticate": 'Bearer realm="memmesh"'})
+        if not matches(given.strip(), token):
+            raise HttpError(errors.UNAUTHORIZED, "the bearer token is not this node's (it is in HOME/api.token)",
+                            {"WWW-Authenticate": 'Bearer realm="memmesh", error="invalid_token"'})
+        return await handler(request)
+    return bearer
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                  ) -> web.StreamResponse:
+    """Every error as the error envelope, and one log line per request."""
+    t0 = time.monotonic()
+    code = None
+    try:
+        resp = await handler(request)
+    except HttpError as exc:
+        code = exc.kind.code
+        resp = _json(exc.kind.status, envelope(code, exc.message), exc.headers)
+    except web.HTTPException as exc:  # aiohttp's own: no such route, wrong method, body too large
+        kind = {404: errors.NOT_FOUND, 405: errors.METHOD_NOT_ALLOWED, 413: errors.BODY_TOO_LARGE}.get(exc.status)
+        if kind is None:
+            raise
+        code = kind.code
+        message = {404: f"no route {request.method} {request.path}; GET {OPENAPI_PATH} lists them",
+                   405: f"{request.path} does not take {request.method}"
+                        f" (it takes {exc.headers.get('Allow', 'another method')})",
+                   413: f"the body is over the limit of {MAX_BODY_BYTES} bytes"}[exc.status]
+        resp = _json(kind.status, envelope(code, message),
+                     {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None)
+    except Exception as exc:  # the command's own refusal, or a bug
+        kind = kind_of(exc)
+        code = kind.code
+        resp = _json(kind.status, envelope(code, _message(exc, request)))
+    log.info("api", extra={"fields": {"op": _op(request), "method": request.method, "path": request.path,
+                                      "status": resp.status, **({"code": code} if code else {}),
+                                      "peer": request.remote, "ms": round((time.monotonic() - t0) * 1000, 1)}})
+    return resp
+
+
+def _op(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    template = resource.canonical if resource is not None else None
+    return request.app[OPS].get((request.method, template)) or request.path
+
+
+def _message(exc: Exception, request: web.Request) -> str:
+    """The line the CLI prints for a refusal; for a bug, what failed (logged in full)."""
+    if kind_of(exc) is errors.INTERNAL:
+        log.error("api.error", exc_info=exc, extra={"fields": {"op": _op(request), "path": request.path}})
+    mapped = failure(exc)
+    if mapped is not None:
+        return mapped[0]
+    return f"serve failed running {_op(request)}: {type(exc).__name__}: {exc} (serve's log has the details)"
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, default=str, ensure_ascii=False),
+                        content_type="application/json", headers=headers)

@@ -29,7 +29,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 import anyio
 import anyio.to_thread
@@ -218,14 +218,16 @@ def _in_thread(fn: Callable[..., Any]) -> Callable[[Any], Awaitable[Any]]:
     return run
 
 
-def build_server(home: Path, agent: str) -> MCPServer:
-    """The MCP server of ``agent`` in ``home``: its tools and prompt, calling the home's serve."""
+def build_server(home: Path, agent: str, allowed: Iterable[str] | None = None) -> MCPServer:
+    """The MCP server of ``agent`` in ``home``: its tools (those in ``allowed``, default all)
+    and prompt, calling the home's serve."""
     home = Path(home)
+    allowed = set(TOOLS if allowed is None else allowed)
     tools = [RegistryTool(fn=_in_thread(partial(_run_tool, home, agent, name)), name=name,
                           description=spec.description, parameters=spec.args.model_json_schema(),
                           fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True,
                           annotations=ANNOTATIONS[name])
-             for name, spec in TOOLS.items()]
+             for name, spec in TOOLS.items() if name in allowed]
     fields = AutoRecall.model_fields
     prompt = RegistryPrompt(
         name=PROMPT, title="Relevant memories",
@@ -260,7 +262,15 @@ def prepare(home: Path, agent: str) -> MCPServer:
     # An unknown agent fails here, with the registry's message, rather than on every call. An
     # auto-recall of no messages resolves the agent as every call does, and reads nothing.
     call(home, "autorecall", {"agent": agent, "messages": []})
-    return build_server(home, agent)
+    return build_server(home, agent, allowed_tools(home, agent))
+
+
+def allowed_tools(home: Path, agent: str) -> list[str]:
+    """The tools config.yaml lets ``agent`` use (all of them when it does not list the agent).
+    A client is shown only those; serve checks every call again, so a reload that narrows them
+    refuses a listed tool from then on (``tool_not_allowed``)."""
+    spec = next((a for a in call(home, "config.show", {}).data.get("agents", []) if a["name"] == agent), None)
+    return list(TOOLS) if spec is None else [t for t in TOOLS if t in spec["allowed_tools"]]
 
 
 def run_stdio(home: Path, agent: str) -> None:

@@ -194,6 +194,25 @@ def test_an_unknown_agent_is_refused_at_start_with_the_registry_line(served):
     assert "gamma" in str(err.value)
 
 
+@pytest.mark.slow
+async def test_a_client_sees_only_the_tools_config_allows_and_serve_refuses_the_others(tmp_path):
+    home = make_home(tmp_path / "node")
+    (home / "config.yaml").write_text(CONFIG + "agents:\n  - name: beta\n    allowed_tools: [recall]\n")
+    serve = Serve(home).start()
+    try:
+        serve.wait_ready()
+        async with Client(prepare(home, "beta")) as client:
+            assert [t.name for t in (await client.list_tools()).tools] == ["recall"]
+        # a client that lists every tool (built before the config narrowed them) is refused by serve
+        before = fingerprint(serve)
+        async with Client(build_server(home, "beta")) as client:
+            result = await client.call_tool("remember", {"key": "k", "value": "v"})
+        assert result.is_error and "may not use remember" in text(result), text(result)
+        assert fingerprint(serve) == before
+    finally:
+        serve.stop()
+
+
 # ---------------------------------------------------------------------- refusals before anything runs
 def test_mcp_is_standalone_and_never_runs_on_an_open_node(tmp_path):
     assert REGISTRY.get("mcp").standalone

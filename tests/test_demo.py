@@ -1,0 +1,196 @@
+"""`make demo` (python -m node.demo) as a user runs it: two real serve processes, every step a
+real `memmesh` process; it finishes in under two minutes and leaves no process behind, also
+when it is interrupted (Ctrl-C reaches its whole process group, as a terminal sends it).
+
+No process is left behind = no process on the machine has the demo's temporary directory on
+its command line (every serve and every step runs with --home inside it)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from node.demo import Demo, DemoFailed
+
+pytestmark = pytest.mark.slow
+
+DEMO = [sys.executable, "-m", "node.demo"]
+REPO = Path(__file__).resolve().parent.parent
+BUDGET_S = 120.0  # "finishes in under two minutes"
+ROOT_LINE = re.compile(r"^# memmesh demo: two peers, A and B, in (\S+) ", re.MULTILINE)
+SERVE_PID = re.compile(r" serves peers at \S+.*\(pid (\d+),")
+PEERS_UP = "$ memmesh --home A agent new alpha"  # the first step after both serves answered
+
+
+def _mentioning(text: str) -> list[str]:
+    """Command lines of the processes on this machine that mention ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().split(b"\0")
+            if any(text.encode() in a for a in args) and cmdline.parent.name != str(os.getpid()):
+                found.append(f"{cmdline.parent.name}: {b' '.join(args).decode(errors='replace')}")
+    return found
+
+
+def _root(out: str) -> str:
+    match = ROOT_LINE.search(out)
+    assert match, out[:500]
+    return match.group(1)
+
+
+class Running:
+    """The demo in its own session, its output collected by a thread (lines as they come)."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([*DEMO, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_line(self, start: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(line.startswith(start) for line in self.lines):
+            assert self.proc.poll() is None, f"the demo exited {self.proc.returncode} first:\n{self.out}"
+            assert time.monotonic() < deadline, f"no line {start!r} in {timeout:g} s:\n{self.out}"
+            time.sleep(0.05)
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(10)
+        return code
+
+    def kill(self) -> None:
+        """What the test started, whatever state it is in: the demo's group and its serves."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        root = ROOT_LINE.search(self.out)
+        for pid in SERVE_PID.findall(self.out):
+            with contextlib.suppress(OSError):  # only if that pid is still the demo's serve
+                if root and root.group(1).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(int(pid), signal.SIGKILL)
+
+
+def test_demo_runs_the_walkthrough_across_two_peers_and_leaves_nothing_behind():
+    start = time.monotonic()
+    demo = Running()
+    try:
+        code = demo.wait(BUDGET_S + 60)
+        took = time.monotonic() - start
+        out = demo.out
+        assert code == 0, out
+        print(f"\ndemo took {took:.1f} s")
+        assert took < BUDGET_S, out
+    finally:
+        demo.kill()
+    root = _root(out)
+    # Each step is printed as typed (homes A and B, never the temporary paths), then its output.
+    for step in ("$ memmesh --home A init", "$ memmesh --home B init", "$ memmesh --home A embedder set hashed",
+                 "$ memmesh --home A serve --listen 127.0.0.1:0",
+                 "$ memmesh --home A memory grant project-notes beta read",
+                 "$ memmesh --home A memory share project-notes --perm admin",
+                 "$ memmesh --home B memory import 'memmesh:?db=",
+                 "$ memmesh --home B memory grant project-notes gamma write",
+                 "$ memmesh --home A memory revoke project-notes beta"):
+        assert f"\n{step}" in out, step
+    assert not [line for line in out.splitlines() if line.startswith("$ ") and root in line]
+    assert "initialised memmesh node in A\n" in out
+    assert "# embedder hashed: offline" in out
+    assert "imported project-notes (" in out and " with admin: " in out
+    # beta reads, its write is refused (nothing stored); after the revocation it may not even read.
+    assert out.count("Each conversation gets its own database.") >= 2
+    assert "agent beta may not write to bank project-notes (its key holds read permission)" in out
+    assert "agent beta may not write to bank project-notes (its key holds no permission)" in out
+    assert "agent beta may not read from bank project-notes (its key holds no permission)" in out
+    # Writes travel both ways through the daemons, each wait measured.
+    a_recall = out.split("$ memmesh --home A recall alpha gamma", 1)[1].split("\n$ ", 1)[0]
+    assert "gamma.note: gamma wrote this on node B" in a_recall
+    b_recall = out.split("$ memmesh --home B recall gamma later", 1)[1].split("\n$ ", 1)[0]
+    assert "alpha.later: alpha wrote this later on node A" in b_recall
+    waits = re.findall(r"^# \.\.\. on ([AB]) (\d+\.\d\d) s after the command returned", out, re.MULTILINE)
+    assert [w[0] for w in waits] == ["A", "B", "B"], out
+    assert "# serve for A stopped" in out and "# serve for B stopped" in out and "# demo finished in " in out
+    # Nothing left: no process mentions the demo's directory, and the directory is gone.
+    assert len(SERVE_PID.findall(out)) == 2
+    assert _mentioning(root) == []
+    assert not Path(root).exists()
+
+
+def test_ctrl_c_stops_the_peers_and_exits_130():
+    demo = Running()
+    try:
+        demo.wait_for_line(PEERS_UP)
+        os.killpg(demo.proc.pid, signal.SIGINT)  # what a terminal does: the demo and the step it runs
+        code = demo.wait(60)
+        out = demo.out
+    finally:
+        demo.kill()
+    assert code == 130, out
+    assert "# interrupted, stopping the peers" in out
+    assert "# serve for A stopped" in out and "# serve for B stopped" in out
+    assert "demo finished" not in out and "Traceback" not in out
+    root = _root(out)
+    assert _mentioning(root) == []
+    assert not Path(root).exists()
+
+
+def test_sigterm_with_keep_stops_the_peers_and_keeps_the_homes():
+    demo = Running("--keep")
+    root = None
+    try:
+        demo.wait_for_line(PEERS_UP)
+        root = _root(demo.out)
+        demo.proc.send_signal(signal.SIGTERM)  # the demo alone, as `kill PID` sends it
+        code = demo.wait(60)
+        out = demo.out
+        assert code == 128 + signal.SIGTERM, out
+        assert "# interrupted, stopping the peers" in out and f"# kept {root} " in out
+        assert _mentioning(root) == []
+        # The homes stay, and each serve went away cleanly (it removes its serve.json last thing).
+        for home in ("A", "B"):
+            assert (Path(root) / home / "node.sqlite").exists()
+            assert not (Path(root) / home / "serve.json").exists()
+            assert (Path(root) / f"{home}-serve.log").exists()
+    finally:
+        demo.kill()
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_step_that_does_not_show_what_it_must_stops_the_demo(tmp_path):
+    """The checks of a step, on real `memmesh` processes for a real home (no serve needed)."""
+    out = io.StringIO()
+    demo = Demo(tmp_path, out)
+    demo.mm(demo.a, "init", expect=["peer key: "])
+    with pytest.raises(DemoFailed, match=r"`memmesh --home A agent new alpha` should have shown 'agent beta created'"):
+        demo.mm(demo.a, "agent", "new", "alpha", expect=["agent beta created"])
+    with pytest.raises(DemoFailed, match=r"memory grant nope` failed \(exit 1\): memmesh: error: .*nope"):
+        demo.mm(demo.a, "memory", "grant", "nope", "alpha", "write")
+    with pytest.raises(DemoFailed, match=r"should have been refused with one line saying 'may not write'; it exited 0"):
+        demo.mm(demo.a, "agent", "list", refused="may not write")
+    # Each was printed as typed, with its output, and the home shown as A.
+    text = out.getvalue()
+    assert "$ memmesh --home A memory grant nope alpha write\nmemmesh: error: " in text
+    assert "initialised memmesh node in A\n" in text and str(tmp_path) not in text

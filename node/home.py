@@ -38,6 +38,20 @@ LOCK_FILE = "node.lock"
 DEFAULT_LOCK_TIMEOUT = 30.0
 
 
+def flock_within(fd: int, timeout: float, poll_s: float = 0.05) -> bool:
+    """Take an exclusive flock on ``fd``, waiting up to ``timeout`` seconds; False if it stayed
+    held (polled: a blocking flock could not be given up at a deadline)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
+
 def _lock_home(home: Path, timeout: float) -> int:
     """Take the home's exclusive lock, waiting up to ``timeout`` seconds.
 
@@ -47,20 +61,13 @@ def _lock_home(home: Path, timeout: float) -> int:
     home; the lock goes away with the process, however it ends.
     """
     fd = os.open(home / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                raise HomeBusy(
-                    f"{home} is in use by process {holder} (waited {timeout:g} s); "
-                    "let it finish, or stop it, and try again"
-                ) from None
-            time.sleep(0.05)
+    if not flock_within(fd, timeout):
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise HomeBusy(
+            f"{home} is in use by process {holder} (waited {timeout:g} s); "
+            "let it finish, or stop it, and try again"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd

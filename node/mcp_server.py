@@ -21,7 +21,6 @@ Stdout carries the protocol; everything this process says goes to stderr.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.metadata
 import os
 import subprocess
@@ -47,7 +46,7 @@ from node.cli import failure, run_command
 from node.commands import ParamsError, Result
 from node.commands.tools import TOOLS, AutoRecall
 from node.control import POLL_S, remote, route
-from node.home import Home, NotInitialised
+from node.home import Home, NotInitialised, flock_within
 
 PROMPT = "relevant_memories"
 SERVE_LOG = "serve.log"  # where a serve started here writes (appended: one file per home)
@@ -95,16 +94,9 @@ def _spawn_lock(home: Path, timeout: float) -> Iterator[None]:
     fd = os.open(home / SPAWN_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         # The holder waits at most ``timeout`` for its serve, so this wait is bounded as well.
-        deadline = time.monotonic() + timeout + 5.0
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise ServeStartError(f"another memmesh mcp has been starting serve for {home} for over "
-                                          f"{timeout:g} s; see {home / SERVE_LOG}") from None
-                time.sleep(POLL_S)
+        if not flock_within(fd, timeout + 5.0, POLL_S):
+            raise ServeStartError(f"another memmesh mcp has been starting serve for {home} for over "
+                                  f"{timeout:g} s; see {home / SERVE_LOG}")
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -47,11 +47,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, field_validator)
 
 from auth.errors import MemmeshError
 from node.registry import NAME_RE
+from node.strict import StrictModel
 
 if TYPE_CHECKING:
     from node.home import Home
@@ -89,20 +89,9 @@ class ToolNotAllowed(MemmeshError):
 
 
 # ---------------------------------------------------------------------- the schema
-class _Section(BaseModel):
-    # Strict on types (YAML's `yes` is a bool, "5" is a string: both are refused where the
-    # other is meant) and on keys (a misspelt key is an error, not silently ignored).
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _empty_means_default(cls, data: Any) -> Any:
-        # `peers:` with its items commented out is YAML null: the key's default, not a wrong type.
-        if not isinstance(data, dict):
-            return data
-        fields = cls.model_fields
-        return {k: v for k, v in data.items()
-                if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None}
+class _Section(StrictModel):
+    """A section of config.yaml (node/strict.py: strict types and keys; an empty value is the
+    key's default)."""
 
 
 NAME_PATTERN = NAME_RE.pattern  # the names agents and banks take everywhere

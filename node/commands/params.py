@@ -12,35 +12,19 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError
 
 from auth.errors import MemmeshError
+from node.strict import StrictModel
 
 
 class ParamsError(MemmeshError):
     """Parameters a command refuses; nothing was changed. The message says what to fix."""
 
 
-class Params(BaseModel):
-    """Base of every command's parameters.
-
-    Strict: a JSON string is not silently read as a number or a boolean (``"limit": "10"``,
-    ``"limit": true``), so every transport accepts exactly what the schema says. Unknown
-    fields are refused rather than ignored: a misspelt option must not pass unnoticed.
-    """
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_not_given(cls, data: Any) -> Any:
-        # Tool callers (language models above all) send null for an optional argument they
-        # leave out; that is the field's default, not a wrong type.
-        if not isinstance(data, dict):
-            return data
-        fields = cls.model_fields
-        return {k: v for k, v in data.items()
-                if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None}
+class Params(StrictModel):
+    """Base of every command's parameters (strict types, unknown fields refused, null = the
+    default: node/strict.py), so every transport accepts exactly what the schema says."""
 
 
 @dataclass(frozen=True)

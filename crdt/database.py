@@ -54,7 +54,8 @@ from crdt.yjs import Row, decode_append_update, encode_rows
 from crdt.derived import DerivedState
 from crdt.ingest import Ingestion
 from crdt.records import (  # noqa: F401  (re-exported: the database's public records)
-    MAX_UNACCEPTED_BYTES, MAX_UNACCEPTED_ENTRIES, META, SETTINGS, STORE_NAME_CHARS, IngestResult, Rebuilt,
+    MAX_UNACCEPTED_BYTES, MAX_UNACCEPTED_ENTRIES, META, SETTINGS, STORE_NAME_CHARS, IngestResult, Outcome, Rebuilt,
+    Refused,
     RowRecord, RowsAdded, _client, _gc_paused, _now_ms, _op_value, _perm_text, _Stored, _with_payloads, check_payload_shape,
     valid_store_name,
 )
@@ -71,6 +72,7 @@ class Database(Ingestion, DerivedState):
         self.id = db_id
         self._listeners: list[Callable[[RowsAdded | Rebuilt], None]] = []
         self._stored_listeners: list[Callable[[tuple[str, ...]], None]] = []
+        self._outcome_listeners: list[Callable[[Outcome], None]] = []
         self._clock = clock or _now_ms  # the informational ts of local entries, the pending TTL
         self._refusals = RefusalLog(storage, db_id)
         self._pending = PendingArea(storage, db_id, pending_limits, self._clock)
@@ -303,6 +305,13 @@ class Database(Ingestion, DerivedState):
         returns a function that removes it. This is what the sync daemon pushes from."""
         self._stored_listeners.append(listener)
         return lambda: self._stored_listeners.remove(listener) if listener in self._stored_listeners else None
+
+    def on_outcome(self, listener: Callable[[Outcome], None]) -> Callable[[], None]:
+        """Call ``listener(outcome)`` after each ingest (local or received) that accepted or refused
+        something: which entries it accepted, which it refused and why; returns a function that
+        removes it. Called on the thread that ingested, after the commit: keep it quick."""
+        self._outcome_listeners.append(listener)
+        return lambda: self._outcome_listeners.remove(listener) if listener in self._outcome_listeners else None
 
     def doc(self, store: str) -> pycrdt.Doc:
         """The derived pycrdt document of a store (read it; never write to it)."""

@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 import msgpack
 
 from auth.keys import DOMAIN_ENTRY, SigningKey, public_key_str, verify
+from crdt import verifystats
 from crdt.errors import EntryRejected
 
 FORMAT_VERSION = 1
@@ -303,8 +304,12 @@ def decode_entry(
         checked[name] = bytes(update)
     for name in stores:
         checked.setdefault(name, None)
-    if verify_signature and not verify(author, DOMAIN_ENTRY, body_bytes, signature):
-        raise _reject("entry.signature", "signature does not verify for the author's key")
+    if verify_signature:
+        started = verifystats.clock()
+        ok = verify(author, DOMAIN_ENTRY, body_bytes, signature)
+        verifystats.VERIFIED.add(1, verifystats.clock() - started)
+        if not ok:
+            raise _reject("entry.signature", "signature does not verify for the author's key")
     entry_id = id_of(header)
     if expected_db is not None:
         if is_root and entry_id != expected_db:
@@ -346,6 +351,7 @@ def decode_many(
         except EntryRejected as exc:
             out.append(exc)
     parsed = [(i, e) for i, e in enumerate(out) if isinstance(e, Entry)]
+    started = verifystats.clock()
     if len(parsed) < _POOL_MIN_BATCH:
         oks = [signature_ok(e) for _, e in parsed]
     else:
@@ -356,6 +362,8 @@ def decode_many(
         size = -(-len(entries) // n)
         chunks = [entries[k:k + size] for k in range(0, len(entries), size)]
         oks = [ok for part in _pool().map(_verify_chunk, chunks) for ok in part]
+    if parsed:
+        verifystats.VERIFIED.add(len(parsed), verifystats.clock() - started)
     for (i, _), ok in zip(parsed, oks):
         if not ok:
             out[i] = _reject("entry.signature", "signature does not verify for the author's key")

@@ -20,7 +20,8 @@ from crdt.yjs import Row
 
 from crdt.records import (  # noqa: I001
     _NO_PAYLOADS,
-    MAX_UNACCEPTED_BYTES, MAX_UNACCEPTED_ENTRIES, IngestResult, Rebuilt, _gc_paused, _Stored, _stored,
+    MAX_UNACCEPTED_BYTES, MAX_UNACCEPTED_ENTRIES, IngestResult, Outcome, Rebuilt, Refused, _gc_paused, _Stored,
+    _stored,
     _with_payloads, check_payload_shape, valid_store_name,
 )
 
@@ -58,8 +59,14 @@ class Ingestion:
                 result.rejected.append((digest, item.reason, str(item)))
                 refused.append((digest or "sha256:-", item.reason, str(item)))
         self._refusals.record(refused, source)
+        if refused:
+            self._tell(Outcome(source, (), tuple(Refused(i, None, r, d, source) for i, r, d in refused)))
         result.merge(self._ingest(entries, local=False, source=source))
         return result
+
+    def _tell(self, outcome: Outcome) -> None:
+        for listener in list(self._outcome_listeners):
+            listener(outcome)
 
     def ingest_entries(self, entries: Sequence[Entry], *, source: str = "") -> IngestResult:
         """Like ingest, for entries already decoded by decode_entry (e.g. built locally)."""
@@ -75,7 +82,9 @@ class Ingestion:
         self._ensure_live()
         # Evictions and expiries count against the source that sent the entry, not this caller.
         displaced: list[tuple[str, str, str, str]] = []  # (source, id, reason, detail)
+        authors: dict[str, str] = {}  # entry id -> author, for what observers are told of refusals
         for record in self._pending.expire():
+            authors[record.id] = record.author
             displaced.append((record.source, record.id, "entry.pending_expired",
                               "waited longer than the pending area keeps entries; it is fetched again when needed"))
         staged: list[StoredEntry] = []
@@ -96,6 +105,7 @@ class Ingestion:
         try:
             while queue:
                 entry = queue.popleft()
+                authors[entry.id] = entry.author_key
                 node = self._nodes.get(entry.id)
                 if node is not None:
                     filled = self._fill_in(node, entry, fills, refuse)
@@ -129,6 +139,7 @@ class Ingestion:
                         refuse(entry.id, EntryRejected("entry.pending_full", str(exc)))
                         continue
                     for record in evicted:
+                        authors[record.id] = record.author
                         displaced.append((record.source, record.id, "entry.pending_evicted",
                                           "evicted from the full pending area to make room; it is fetched again when needed"))
                     result.pending.append(entry.id)
@@ -202,6 +213,11 @@ class Ingestion:
             ids = tuple(e.id for e in staged)
             for listener in list(self._stored_listeners):
                 listener(ids)
+        if self._outcome_listeners and (result.accepted or refused or displaced):
+            self._tell(Outcome(
+                source, tuple((i, authors[i]) for i in result.accepted),
+                tuple(Refused(i, authors.get(i), r, d, source) for i, r, d in refused)
+                + tuple(Refused(i, authors.get(i), r, d, src) for src, i, r, d in displaced)))
         return result
 
     def _with_pending_copy(self, entry: Entry) -> Entry:

@@ -83,6 +83,27 @@ class IngestResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Refused:
+    """One refusal as observers see it (Database.on_outcome): RefusalLog's record plus the author."""
+
+    id: str  # entry id, or the digest of header bytes that did not parse
+    author: str | None  # None when the bytes did not parse far enough to name one
+    reason: str
+    detail: str
+    source: str  # who sent it: "peer:<key>", "local", "" when unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one ingest did, for observers: entries stored and accepted by it, and what it refused
+    (a refusal may name another source than ``source``: pending entries it evicted)."""
+
+    source: str
+    accepted: tuple[tuple[str, str], ...] = ()  # (entry id, author)
+    refused: tuple[Refused, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RowsAdded:
     store: str
     rows: tuple[RowRecord, ...]

@@ -29,6 +29,7 @@ class Refusal:
     detail: str  # the sentence for people
     source: str  # who sent it: "peer:<key>", "local", "" when unknown
     at_ms: int  # wall-clock time it was refused (informational)
+    seq: int = -1  # its number in this database's record, increasing: what paging goes by
 
 
 class RefusalLog:
@@ -52,7 +53,7 @@ class RefusalLog:
                 self._counts = {s: dict(r) for s, r in msgpack.unpackb(value).items()}
             elif key.startswith("slot:"):
                 n, rid, reason, detail, source, at = msgpack.unpackb(value)
-                slots.append((n, Refusal(rid, reason, detail, source, at)))
+                slots.append((n, Refusal(rid, reason, detail, source, at, n)))
         for _n, refusal in sorted(slots, key=lambda s: s[0]):
             self._by_id.pop(refusal.id, None)
             self._by_id[refusal.id] = refusal
@@ -73,8 +74,8 @@ class RefusalLog:
                 source_key = source
             counts_for = self._counts.setdefault(source_key, {})
         for rid, reason, detail in items:
-            refusal = Refusal(rid, reason, detail[:MAX_DETAIL], source, at)
             n = self._next
+            refusal = Refusal(rid, reason, detail[:MAX_DETAIL], source, at, n)
             self._next += 1
             writes[f"slot:{n % self._capacity:06d}"] = msgpack.packb([n, rid, reason, refusal.detail, source, at])
             self._by_id.pop(rid, None)

@@ -11,7 +11,7 @@ import fcntl
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from auth.errors import MemmeshError
 from auth.keys import SigningKey
@@ -92,6 +92,7 @@ class Home:
         self._lock_fd = lock_fd
         self.registry = Registry(storage)
         self._databases: dict[str, Database] = {}
+        self._open_listeners: list[Callable[[Database], None]] = []
         self.created = False  # True when this opening created the node (init reports it)
 
     # ------------------------------------------------------------------ lifecycle
@@ -164,9 +165,23 @@ class Home:
         db = self._databases.get(db_id)
         if db is None:
             db = self._databases[db_id] = Database.open(self.storage, db_id)
+            self._opened(db)
         return db
+
+    def on_open(self, listener: Callable[[Database], None]) -> Callable[[], None]:
+        """Call ``listener(db)`` for every database open now and each one opened or created from
+        now on (serve's event stream watches them all); returns a function that removes it."""
+        self._open_listeners.append(listener)
+        for db in list(self._databases.values()):
+            listener(db)
+        return lambda: self._open_listeners.remove(listener) if listener in self._open_listeners else None
+
+    def _opened(self, db: Database) -> None:
+        for listener in list(self._open_listeners):
+            listener(db)
 
     def create_database(self, admin: SigningKey, meta: dict[str, Any]) -> Database:
         db = Database.create(self.storage, admin, meta=meta)
         self._databases[db.id] = db
+        self._opened(db)
         return db

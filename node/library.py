@@ -32,6 +32,8 @@ class Node(Home):
         self.agents = Agents(self)
         self._memory: MemoryService | None = None
         self.network = Network()  # serve points it at its loop and database thread
+        # Set by serve while it runs: its listeners, discovery, start time (for `status`).
+        self.serve_info: dict[str, Any] | None = None
         self._sync: SyncState | None = None
 
     @classmethod

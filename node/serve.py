@@ -55,6 +55,7 @@ from aiohttp import web
 from auth.errors import MemmeshError
 from node.api.address import api_listen as resolve_api_listen
 from node.api.app import build_app
+from node.api.live import Live
 from node.api.token import ensure_token
 from node.commands import REGISTRY, Result
 from node.commands.registry import Event, Registry
@@ -62,6 +63,7 @@ from node.commands.serving import DEFAULT_HOST, DEFAULT_PORT, parse_listen
 from node.control import SERVE_JSON, SERVE_SOCK, AlreadyServing, ServeError, read_info, refuse_if_serving, \
     remove_files, socket_address
 from node.config_apply import reload_config
+from node.events import DatabaseWatch, EventBus
 from node.library import Node
 from node.serve_config import LiveConfig, SyncFlags
 from node.settings import ApiSpec
@@ -191,12 +193,13 @@ def bind_api(spec: ApiSpec, flag: str | None) -> socket.socket | None:
 
 
 async def start_api(home: Path, sock: socket.socket | None, commands: "CommandRunner",
-                    runners: list[web.AppRunner]) -> str | None:
+                    runners: list[web.AppRunner], live: Live | None = None) -> str | None:
     """Serve the local HTTP API on ``sock`` (its runner joins ``runners``, so it drains on the way
-    out like the others); its HOST:PORT, None when it is off."""
+    out like the others); its HOST:PORT, None when it is off. ``live``: the event bus it streams."""
     if sock is None:
         return None
-    runner = web.AppRunner(build_app(commands.run, ensure_token(home)), access_log=None, shutdown_timeout=DRAIN_S)
+    runner = web.AppRunner(build_app(commands.run, ensure_token(home), live=live), access_log=None,
+                           shutdown_timeout=DRAIN_S)
     await runner.setup()
     runners.append(runner)
     host, port = _host_port(sock)
@@ -442,6 +445,12 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
 
     db = DbThread()
     node.network.loop, node.network.db = loop, db
+    # The live event stream (node/events.py): the databases, the daemon and the sharing
+    # commands publish onto it from here on; GET /v1/events follows it.
+    bus = EventBus()
+    bus.attach(loop)
+    node.network.publish = bus.publish
+    watch = DatabaseWatch(node, bus.publish)
     tcp_sock = ctl_sock = api_sock = None
     sync: SyncService | None = None
     sync_started = False
@@ -450,6 +459,7 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
     try:
         # config.yaml before anything listens: it may say where (serve's flags win over it)
         flags = SyncFlags(listen, advertise, discovery, interval_s, fanout)
+        await db.run(watch.start)
         live = await db.run(lambda: LiveConfig.start(node, flags))
         db_ready.append(db)
         listen, advertise, discovery = live.running.listen, live.running.advertise, live.running.discovery
@@ -486,11 +496,15 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
         await web.SockSite(ctl_runner, ctl_sock).start()
         ctl_sock = None
         _event("control.listening", socket=str(sock_path), mode="0600")
-        info["api"] = await start_api(home, api_sock, channel.commands, runners)
+        info["api"] = await start_api(home, api_sock, channel.commands, runners,
+                                      Live(bus, str(node.peer_key.public)))
         api_sock = None  # the API's site owns it now (or it was off)
 
         sync_started = True  # from here on stop() is owed, even if start() fails half-way
         await sync.start()
+        # What `memmesh status` reports about this serve (read on the database thread).
+        node.serve_info = {"sync": info["listen"], "api": info["api"], "address": address,
+                           "discovery": sync.status()["discovery"], "started_mono": time.monotonic()}
         write_info(home, info)
         _event("ready", pid=os.getpid(), listen=info["listen"], discovery=discovery, interval_s=interval_s,
                fanout=fanout)
@@ -504,14 +518,17 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
                 await sync.stop()
             except Exception:
                 _event("sync.stop", logging.ERROR, exc_info=True)
+        bus.close()  # event streams end now rather than hold the drain below for DRAIN_S
         # Stop listening; in-flight requests and control commands get DRAIN_S to finish.
         for r in reversed(runners):
             await r.cleanup()
         for s in (tcp_sock, ctl_sock, api_sock):
             if s is not None:
                 s.close()
+        await db.run(watch.stop)
         await loop.run_in_executor(None, db.stop)  # after the queue drains
         node.network = Network()  # back to one-shot: nothing points at this loop any more
+        node.serve_info = None
         with contextlib.suppress(FileNotFoundError):
             (home / SERVE_SOCK).unlink()
         for sig in signals:

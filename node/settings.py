@@ -157,6 +157,8 @@ class SyncSpec(_Section):
     interval_s: Annotated[float, Field(gt=0, le=86400)] = 5.0
     fanout: Annotated[int, Field(ge=1, le=64)] = 3
     discovery: bool = True
+    # a bank is shown stale when a peer has not completed an exchange for this long
+    stale_after_s: Annotated[float, Field(gt=0, le=30 * 86400)] = 300.0
 
     @field_validator("listen")
     @classmethod
@@ -490,6 +492,7 @@ TEMPLATE = """\
 #   interval_s: 5                     # seconds between full rounds
 #   fanout: 3                         # peers per database per round
 #   discovery: true                   # LAN discovery (restart to change)
+#   stale_after_s: 300                # `memmesh status` calls a bank stale past this
 
 # api:                                # the local HTTP API (restart serve to change)
 #   listen: 127.0.0.1:7412

@@ -103,6 +103,9 @@ class Network:
         # Set by serve: a config just applied (node/config_apply.py) takes effect in the running
         # serve; returns what needs a restart of serve instead.
         self.reconfigure: Callable[[Any], list[str]] = lambda cfg: []
+        # Set by serve: publish(type, data) onto its live event stream (node/events.py), from
+        # any thread; nobody listens to a one-shot command, so it does nothing then.
+        self.publish: Callable[[str, dict[str, Any]], None] = lambda type_, data: None
 
     @property
     def serving(self) -> bool:

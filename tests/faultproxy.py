@@ -12,6 +12,12 @@ client; ``counts()`` / ``reset_counts()``), which is what a benchmark needs for 
 ``keys`` is dropped, at once if it is open. Every node has one advertised address, so this is
 how a partition between groups of nodes is cut: each node's proxy blocks the other group's
 keys. ``heal()`` lifts blocks too.
+
+``refuse_paths(paths)`` refuses only some sync operations: while it is in force, the proxy
+reads each request of a connection (request line and Content-Length) and drops the
+connection when a request's path is one of ``paths`` (``/sync/v1/pull``, ``/sync/v1/push``),
+before the node sees it; other requests (``/sync/v1/feeds``) go through. So both sides learn
+each other's feed positions and neither can move an entry. ``heal()`` lifts it too.
 """
 from __future__ import annotations
 
@@ -33,12 +39,22 @@ def _caller(head: bytes) -> str | None:
     return None
 
 
+def _header_value(head: bytes, name: bytes) -> str | None:
+    for line in head.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            return value.strip().decode("ascii", "replace")
+    return None
+
+
 class Proxy:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = 0
         self._cut = False
         self._blocked: frozenset[str] = frozenset()
+        self._refused_paths: frozenset[str] = frozenset()
+        self.refused_requests = 0  # requests dropped by refuse_paths
         self._writers: set[asyncio.StreamWriter] = set()
         self._callers: dict[asyncio.StreamWriter, str | None] = {}  # client side writer -> caller key
         self._pairs: dict[asyncio.StreamWriter, asyncio.StreamWriter] = {}  # client side -> node side
@@ -111,7 +127,40 @@ class Proxy:
             finally:
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer, head, True), pipe(up_reader, writer, b"", False))
+        async def requests(src: asyncio.StreamReader, dst: asyncio.StreamWriter, first: bytes) -> None:
+            # One request at a time: its head, then Content-Length bytes of body.
+            buf = first
+            try:
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        data = await src.read(65536)
+                        if not data:
+                            return
+                        buf += data
+                    head_end = buf.index(b"\r\n\r\n") + 4
+                    path = buf.split(b" ", 2)[1].decode("ascii", "replace") if buf.count(b" ") >= 2 else ""
+                    length = int(_header_value(buf[:head_end], b"content-length") or 0)
+                    while len(buf) < head_end + length:
+                        data = await src.read(65536)
+                        if not data:
+                            return
+                        buf += data
+                    if self._cut or path in self._refused_paths:
+                        self.refused_requests += 1
+                        writer.close()
+                        return
+                    request, buf = buf[:head_end + length], buf[head_end + length:]
+                    with self._lock:
+                        self.bytes_up += len(request)
+                    dst.write(request)
+                    await dst.drain()
+            except (ConnectionError, OSError, ValueError):
+                pass
+            finally:
+                dst.close()
+
+        up = requests(reader, up_writer, head) if self._refused_paths else pipe(reader, up_writer, head, True)
+        await asyncio.gather(up, pipe(up_reader, writer, b"", False))
         self._writers -= {writer, up_writer}
         self._callers.pop(writer, None)
         self._pairs.pop(writer, None)
@@ -150,10 +199,23 @@ class Proxy:
                         up.close()
         self._call(do)
 
+    def refuse_paths(self, paths: Iterable[str]) -> None:
+        """Drop requests for these paths (e.g. ``/sync/v1/pull``), let the others through; open
+        connections are dropped so that every later request is looked at. ``refuse_paths(())``
+        lifts it."""
+        refused = frozenset(paths)
+
+        def do() -> None:
+            self._refused_paths = refused
+            for w in list(self._writers):
+                w.close()
+        self._call(do)
+
     def heal(self) -> None:
         def do() -> None:
             self._cut = False
             self._blocked = frozenset()
+            self._refused_paths = frozenset()
         self._call(do)
 
     def counts(self) -> dict[str, int]:

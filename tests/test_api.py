@@ -30,6 +30,8 @@ from auth.errors import AuthError, MemmeshError
 from node import Node
 from node.api.app import MAX_BODY_BYTES, ROUTES, build_app
 from node.api.errors import CODES, kind_of
+from node.api.live import LIVE_ROUTES
+from node.api.page import PAGE_ROUTES
 from node.api.routes import OPENAPI_PATH, build_routes
 from node.api.token import TOKEN_FILE, TokenError, ensure_token, read_token
 from node.commands import REGISTRY
@@ -138,6 +140,7 @@ EXAMPLES: list[tuple[str, str, Any, int]] = [
     ("GET", "/v1/embedder/show", None, 200),
     ("GET", "/v1/memory/list", None, 200),
     ("GET", "/v1/peers", None, 200),
+    ("POST", "/v1/refusals", {"limit": 10}, 200),
     ("POST", "/v1/agent/new", {"name": "gamma"}, 200),
     ("POST", "/v1/agents/{agent}/tools/remember", {"key": "deploy", "value": "nix build", "tags": ["ops"]}, 200),
     ("POST", "/v1/agents/{agent}/tools/recall", {"query": "deploy", "limit": 3}, 200),
@@ -172,7 +175,11 @@ def _fill(body: Any, state: dict[str, str]) -> Any:
 
 
 async def test_every_route_answers_with_the_token_and_refuses_without(api):
-    routed = {(m, p) for m, p in router_routes(api.app) if p != OPENAPI_PATH}
+    # The page's static files are public (tests/test_cockpit.py); every other route needs the token.
+    # The event stream, metrics and health answer other than JSON or without the token:
+    # tests/test_events.py checks each with and without it.
+    routed = {(m, p) for m, p in router_routes(api.app)
+              if p != OPENAPI_PATH and (m, p) not in PAGE_ROUTES | LIVE_ROUTES}
     examples = {(m, p) for m, p, _, _ in EXAMPLES}
     assert routed == examples, f"routes without an example here: {sorted(routed - examples)}"
 
@@ -385,7 +392,7 @@ async def test_a_bug_is_a_500_logged_in_full_and_the_message_says_where(tmp_path
     assert logged and logged[0].exc_info and logged[0].exc_info[0] is ZeroDivisionError
     assert any(r.getMessage() == "api" and r.fields["status"] == 500 for r in caplog.records)  # type: ignore[attr-defined]
     assert {(r.method, r.resource.canonical) for r in app.router.routes()} == {
-        ("POST", "/v1/bug"), ("GET", "/v1/fine"), ("GET", OPENAPI_PATH)}
+        ("POST", "/v1/bug"), ("GET", "/v1/fine"), ("GET", OPENAPI_PATH)} | PAGE_ROUTES | LIVE_ROUTES
 
 
 # ---------------------------------------------------------------------- the OpenAPI document
@@ -394,7 +401,8 @@ async def test_the_openapi_document_is_valid_public_and_covers_exactly_the_route
     assert api.doc["openapi"].startswith("3.1")
     documented = {(m.upper(), p) for p, ops in api.doc["paths"].items() for m in ops}
     assert documented == router_routes(api.app)
-    assert {(r.method, r.path) for r in api.app[ROUTES]} | {("GET", OPENAPI_PATH)} == documented
+    assert {(r.method, r.path) for r in api.app[ROUTES]} | {("GET", OPENAPI_PATH)} | PAGE_ROUTES | LIVE_ROUTES \
+        == documented
     # Every command is routed but the ones the rule leaves out.
     routed = {r.command.name for r in api.app[ROUTES]}
     left_out = {c.name for c in REGISTRY if c.name not in routed}
@@ -415,7 +423,8 @@ async def test_the_openapi_document_is_valid_public_and_covers_exactly_the_route
 def test_docs_list_every_route():
     doc = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
     listed = set(re.findall(r"^\| `(GET|POST) (/v1/\S+)` \|", doc, re.M))
-    assert listed == {(r.method, r.path) for r in build_routes()} | {("GET", OPENAPI_PATH)}
+    assert listed == {(r.method, r.path) for r in build_routes()} | {("GET", OPENAPI_PATH)} \
+        | {(m, p) for m, p in LIVE_ROUTES if p.startswith("/v1/")}
 
 
 # ---------------------------------------------------------------------- the token file

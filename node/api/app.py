@@ -2,9 +2,9 @@
 
     app = build_app(run, token)      # run(name, params) -> Result, awaited (serve's runner)
 
-Per request, in order: the bearer token (every route but ``GET /v1/openapi.json``; compared in
-constant time), the body (at most MAX_BODY_BYTES, ``application/json``, a JSON object; no
-query parameters anywhere), the route's parameters (path values merged into the body), then
+Per request, in order: the bearer token (every route but ``GET /v1/openapi.json``, the page's
+files and ``GET /v1/health``; compared in constant time), the body (at most MAX_BODY_BYTES,
+``application/json``, a JSON object; no query parameters anywhere but ``GET /v1/events``'s), the route's parameters (path values merged into the body), then
 the command, run by name exactly as the control channel runs it. The answer is
 ``{"data", "text", "warnings"}`` or ``{"error": {"code", "message"}}`` (node/api/errors.py).
 Nothing is validated here that the command's model validates: bad parameters are refused by
@@ -22,6 +22,9 @@ from aiohttp import web
 from node.api import errors
 from node.api.errors import HttpError, envelope, kind_of
 from node.api.openapi import document
+from node.api.live import Live, add_live, is_public
+from node.api.live import openapi_paths as live_paths
+from node.api.page import add_page, is_page, openapi_paths
 from node.api.routes import OPENAPI_PATH, Route, build_routes
 from node.api.token import matches
 from node.cli import failure
@@ -37,17 +40,23 @@ DOCUMENT = web.AppKey("openapi", dict)
 log = logging.getLogger("memmesh.api")
 
 
-def build_app(run: Runner, token: str, *, registry: Registry = REGISTRY) -> web.Application:
-    """The API for the commands of ``registry``, each run through ``run``."""
+def build_app(run: Runner, token: str, *, registry: Registry = REGISTRY, live: Live | None = None
+              ) -> web.Application:
+    """The API for the commands of ``registry``, each run through ``run``; ``live``: serve's
+    event bus and node key for the event stream and health (node/api/live.py)."""
     routes = build_routes(registry)
     # Errors outermost, so that a refused token is rendered (and logged) like any other error.
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors, _bearer(token)])
     app[ROUTES] = routes
     app[OPS] = {(r.method, r.path): r.command.name for r in routes}
     app[DOCUMENT] = document(routes)
+    app[DOCUMENT]["paths"].update(openapi_paths())  # the page's files are documented too (public)
     for route in routes:
         app.router.add_route(route.method, route.path, _handler(route, run))
     app.router.add_route("GET", OPENAPI_PATH, _openapi)
+    add_page(app)  # the cockpit page's static files (node/api/page.py)
+    app[DOCUMENT]["paths"].update(live_paths())
+    add_live(app, live or Live(), run)  # events, metrics, health (node/api/live.py)
     return app
 
 
@@ -117,6 +126,10 @@ def _bearer(token: str) -> Any:
                      ) -> web.StreamResponse:
         if request.method == "GET" and request.path == OPENAPI_PATH:
             return await handler(request)  # public: a client reads it before it has the token
+        if is_page(request.method, request.path):
+            return await handler(request)  # static files, no secret: the page asks for the token
+        if is_public(request.method, request.path):
+            return await handler(request)  # liveness: a supervisor checks it without the token
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise HttpError(errors.UNAUTHORIZED, "this API needs the node's token: send Authorization: Bearer "

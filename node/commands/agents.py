@@ -26,9 +26,31 @@ def agent_new(node: "Node", p: AgentNew) -> Result:
     return Result(data, f"agent {agent.name} created\n  database {agent.db.id}\n  key {agent.key.public}")
 
 
-@command("agent.list", NoParams, "list the agents of this node", read_only=True)
+ALL_SESSIONS = "*"  # the key of banks attached for every session, in ``attached``
+
+
+@command("agent.list", NoParams, "list the agents of this node, their attached banks and auto-recall config",
+         read_only=True)
 def agent_list(node: "Node", p: NoParams) -> Result:
-    rows = [{"name": r.name, "id": r.db_id, "key": str(node.load_key(r.key_name).public)}
-            for r in node.agents.agents()]
-    text = "\n".join(f"{r['name']:<20} {r['id']}" for r in rows) or "no agents yet (memmesh agent new NAME)"
-    return Result({"agents": rows}, text)
+    from node.memory.agents import agent_state
+    from node.settings import memory_defaults
+
+    rows = []
+    defaults = memory_defaults(node)
+    for r in node.agents.agents():
+        state = agent_state(node.database(r.db_id), defaults)
+        # session -> bank names, "*" for banks attached to every session
+        attached = {ALL_SESSIONS if session is None else session: [node.agents.name_of(d) for d in ids]
+                    for session, ids in state.attached.items() if ids}
+        rows.append({"name": r.name, "id": r.db_id, "key": str(node.load_key(r.key_name).public),
+                     "attached": attached, "config": dict(state.config)})
+    lines = []
+    for r in rows:
+        c = r["config"]
+        recall = (f"auto-recall on, {c['max_entries']} per store" if c["auto_recall_enabled"] else "auto-recall off")
+        if c.get("auto_recall_banks"):
+            recall += f", banks {', '.join(c['auto_recall_banks'])}"
+        banks = "; ".join(f"{'every session' if s == ALL_SESSIONS else 'session ' + s}: {', '.join(names)}"
+                          for s, names in r["attached"].items()) or "no bank attached"
+        lines.append(f"{r['name']:<20} {r['id']}\n    {recall}; {banks}")
+    return Result({"agents": rows}, "\n".join(lines) or "no agents yet (memmesh agent new NAME)")

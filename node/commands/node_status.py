@@ -1,14 +1,25 @@
-"""The node itself: init, status."""
+"""The node itself: init, status (what `memmesh status`, GET /v1/status and the page show).
+
+Every number of the status is computed here, once; the CLI, the HTTP API and the page render
+it. Lag is exact: per bank and peer, the peer's feed positions as last seen in an exchange
+(node/sync/state.py ``lag``) against ours now. docs/operations.md ("Status") says what each
+number means.
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
 from node.commands.params import NoParams
 from node.commands.registry import command
 from node.commands.result import Result
 
 if TYPE_CHECKING:
+    from crdt.database import Database
     from node.library import Node
+    from node.sync.state import LinkStatus
+
+PEER_SOURCE = "peer:"
 
 
 @command("init", NoParams, "create the node: peer key and data directory", creates_home=True)
@@ -28,54 +39,210 @@ def init(node: "Node", p: NoParams) -> Result:
                    "config_written": config_written}, text)
 
 
-@command("status", NoParams, "peer key and hosted databases", read_only=True)
+# ---------------------------------------------------------------------------- the numbers
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def stale_after_ms(node: "Node") -> int:
+    from node.settings import applied
+
+    return int(applied(node).sync.stale_after_s * 1000)
+
+
+def peer_refusals(db: "Database", peer: str) -> dict[str, int]:
+    """reason -> entries of this database refused when ``peer`` sent them."""
+    return dict(db.refusal_counts().get(PEER_SOURCE + peer, {}))
+
+
+def link_view(node: "Node", db: "Database", link: "LinkStatus", t: int) -> dict[str, Any]:
+    """One bank and one peer: exact lag, the last exchange, backoff, traffic, refusals."""
+    from node.sync.state import lag
+
+    rec = node.sync.peers.get(link.db, link.peer)
+    exact = lag(db, link)
+    return {"peer": link.peer, "peer_lacks": exact.peer_lacks, "we_lack": exact.we_lack,
+            "last_exchange_ms": link.last_success_ms, "last_attempt_ms": link.last_attempt_ms or None,
+            "feeds_seen_ms": link.feeds_ms, "last_error": link.last_error,
+            "backoff_ms": max(0, rec.next_try_ms - t) if rec else 0,
+            "bytes_in": link.bytes_in, "bytes_out": link.bytes_out, "refused": peer_refusals(db, link.peer)}
+
+
+def bank_sync(node: "Node", db: "Database", t: int, stale_ms: int) -> dict[str, Any]:
+    """Per peer of the bank (every link the daemon recorded), and the bank's worst of them."""
+    peers = [link_view(node, db, link, t) for link in node.sync.links(db.id)]
+    worst = max((max(p["peer_lacks"], p["we_lack"]) for p in peers), default=0)
+    completes = [p["last_exchange_ms"] for p in peers if p["last_exchange_ms"] is not None]
+    stale_since = None
+    for link in node.sync.links(db.id):
+        since = (link.last_success_ms if link.last_success_ms is not None else link.since_ms) + stale_ms
+        if since <= t and (stale_since is None or since < stale_since):
+            stale_since = since
+    return {"worst_lag": worst,
+            "last_complete_exchange_age_s": round((t - max(completes)) / 1000, 3) if completes else None,
+            "stale": stale_since is not None, "stale_since_ms": stale_since, "peers": peers}
+
+
+def grants(node: "Node", db: "Database") -> list[dict[str, Any]]:
+    """Every key the database's settings name, with what decided its state."""
+    names = {str(node.load_key(r.key_name).public): r.name for r in node.agents.agents()}
+    for bank in node.registry.banks():
+        names.setdefault(str(node.load_key(bank.key_name).public), f"bank {bank.name}")
+    names.setdefault(str(node.peer_key.public), "this node")
+    out = []
+    for key, state in sorted(db.settings().items()):
+        entry = state.granted_by[0] if state.granted_by else None
+        signer = db.entry(entry) if entry else None
+        perm = state.permission
+        out.append({"key": key, "name": names.get(key), "level": perm.level if perm else None,
+                    "priority": perm.priority if perm else None, "status": state.status,
+                    "granted_by": signer.author_key if signer else None, "entry": entry})
+    return out
+
+
+def recall_status(node: "Node", db: "Database") -> dict[str, Any]:
+    """The embedder in use and the share of current memories that have a vector for it."""
+    view = node.memory.view(db)
+    memories = len(view)
+    embedder = node.memory.embedder
+    if embedder is None:
+        return {"embedder": None, "memories": memories, "with_vectors": 0, "share": None}
+    with_vectors = memories - len(view.missing_vectors())
+    return {"embedder": embedder.store_name.split(":", 1)[1], "memories": memories,
+            "with_vectors": with_vectors, "share": round(with_vectors / memories, 4) if memories else None}
+
+
+def database_status(node: "Node", db_id: str, shared: set[str], t: int, stale_ms: int) -> dict[str, Any]:
+    db = node.database(db_id)
+    meta = db.meta()
+    refused = db.refusal_counts()
+    by_reason: dict[str, int] = {}
+    for reasons in refused.values():
+        for reason, n in reasons.items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+    wanted = db.wanted()
+    # entries whose payload has not arrived: stored ones (a relay stripped it) and pending ones
+    # that wait for nothing else
+    payloads = {entry for entry, _store in wanted["payloads"]} | set(wanted["pending_payloads"])
+    return {"id": db_id, "kind": meta.get("kind"), "name": meta.get("display_name"), "bank": node.agents.name_of(db_id),
+            "entries": len(db), "heads": list(db.heads), "shared": db_id in shared,
+            "pending": len(db.pending_ids()), "refused": refused, "authors": len(db.feeds()),
+            "payload_pending": len(payloads), "refused_by_reason": by_reason, "grants": grants(node, db),
+            "recall": recall_status(node, db), "sync": bank_sync(node, db, t, stale_ms)}
+
+
+def node_view(node: "Node", dbs: list[dict[str, Any]]) -> dict[str, Any]:
+    from crdt.verifystats import VERIFIED
+
+    info = node.serve_info
+    verify = VERIFIED.snapshot()
+    book = node.sync.peers
+    peers = {rec.key for db_id in book.databases() for rec in book.peers(db_id)}
+    return {"key": str(node.peer_key.public), "serving": node.network.serving,
+            "listeners": {"sync": info["sync"] if info else None, "api": info["api"] if info else None,
+                          "address": info["address"] if info else None},
+            "discovery": info["discovery"] if info else None,
+            "uptime_s": round(time.monotonic() - info["started_mono"], 3) if info else None,
+            "verify": {"entries": verify.entries, "per_s": round(verify.per_s, 1) if verify.per_s else None},
+            "counts": {"banks": len(node.registry.banks()), "databases": len(dbs), "peers": len(peers),
+                       "errors": sum(1 for link in node.sync.links() if link.last_error)}}
+
+
+@command("status", NoParams, "the node, each database (entries, lag per peer, grants, refusals) and sync",
+         read_only=True)
 def status(node: "Node", p: NoParams) -> Result:
-    dbs = []
-    for db_id in node.database_ids():
-        db = node.database(db_id)
-        meta = db.meta()
-        dbs.append({
-            "id": db_id,
-            "kind": meta.get("kind"),
-            "name": meta.get("display_name"),
-            "entries": len(db),
-            "heads": list(db.heads),
-        })
     from node.commands.sync import sync_status
 
+    t = now_ms()
+    stale_ms = stale_after_ms(node)
     shared = set(node.sync.shared())
-    for d in dbs:
-        d["shared"] = d["id"] in shared
-        d["pending"] = len(node.database(d["id"]).pending_ids())
-        d["refused"] = node.database(d["id"]).refusal_counts()
-    links = sync_status(node)
-    data = {"home": str(node.home), "peer_key": str(node.peer_key.public), "databases": dbs,
-            "sync": {"serving": node.network.serving, "address": node.sync.address(), "links": links}}
-    lines = [f"home: {node.home}", f"peer key: {node.peer_key.public}", f"databases: {len(dbs)}"]
-    for d in dbs:
-        label = f"{d['kind'] or '?'} {d['name'] or ''}".strip()
+    dbs = [database_status(node, db_id, shared, t, stale_ms) for db_id in node.database_ids()]
+    data = {"home": str(node.home), "peer_key": str(node.peer_key.public), "node": node_view(node, dbs),
+            "databases": dbs,
+            "sync": {"serving": node.network.serving, "address": node.sync.address(), "links": sync_status(node)}}
+    return Result(data, render_status(data, t))
+
+
+# ---------------------------------------------------------------------------- the text
+def short(key: str | None) -> str:
+    """A key or id short enough for a terminal line (the JSON has them whole)."""
+    if not key:
+        return "-"
+    prefix, _, rest = key.partition(":")
+    return f"{prefix}:{rest[:10]}…" if rest and len(rest) > 12 else key
+
+
+def ago(ms: int | None, t: int | None = None) -> str:
+    if ms is None:
+        return "never"
+    seconds = max(0, int(((t if t is not None else now_ms()) - ms) / 1000))
+    if seconds < 120:
+        return f"{seconds} s ago"
+    return f"{seconds // 60} min ago" if seconds < 7200 else f"{seconds // 3600} h ago"
+
+
+def utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def sync_line(d: dict[str, Any], t: int) -> str:
+    """One line per bank: in sync, N behind which peer, or stale since when."""
+    s = d["sync"]
+    if not s["peers"]:
+        return "no peer yet" if d["shared"] else "not shared"
+    parts = []
+    for p in s["peers"]:
+        if p["peer_lacks"] or p["we_lack"]:
+            lags = []
+            if p["we_lack"]:
+                lags.append(f"we lack {p['we_lack']}")
+            if p["peer_lacks"]:
+                lags.append(f"it lacks {p['peer_lacks']}")
+            parts.append(f"{max(p['peer_lacks'], p['we_lack'])} behind {short(p['peer'])} ({', '.join(lags)})")
+    text = "; ".join(parts) if parts else f"in sync with {len(s['peers'])} peer{'s' if len(s['peers']) != 1 else ''}"
+    if s["stale"]:
+        text += f"; STALE since {utc(s['stale_since_ms'])}"
+    return text
+
+
+def render_status(data: dict[str, Any], t: int) -> str:
+    n = data["node"]
+    if n["serving"]:
+        listen = f"sync {n['listeners']['sync']}, api {n['listeners']['api'] or 'off'}"
+        up = f", up {int(n['uptime_s'])} s" if n["uptime_s"] is not None else ""
+        serving = f"serving ({listen}, discovery {'on' if n['discovery'] else 'off'}{up})"
+    else:
+        serving = "serve is not running"
+    c = n["counts"]
+    rate = f", {n['verify']['per_s']:g}/s" if n["verify"]["per_s"] else ""
+    lines = [f"home: {data['home']}", f"peer key: {data['peer_key']}", f"node: {serving}",
+             f"counts: {c['banks']} banks, {c['databases']} databases, {c['peers']} peers, {c['errors']} errors; "
+             f"verified {n['verify']['entries']} signatures{rate}",
+             f"databases: {len(data['databases'])}"]
+    for d in data["databases"]:
+        label = f"{d['kind'] or '?'} {d['bank'] or d['name'] or ''}".strip()
         extra = "  shared" if d["shared"] else ""
         extra += f"  pending={d['pending']}" if d["pending"] else ""
-        lines.append(f"  {d['id']}  {label}  entries={d['entries']}  heads={len(d['heads'])}{extra}")
-        for head in d["heads"]:
-            lines.append(f"    head {head}")
+        extra += f"  payload-pending={d['payload_pending']}" if d["payload_pending"] else ""
+        lines.append(f"  {d['id']}  {label}  entries={d['entries']}  authors={d['authors']}  "
+                     f"heads={len(d['heads'])}{extra}")
+        if d["shared"] or d["sync"]["peers"]:
+            lines.append(f"    sync: {sync_line(d, t)}")
+        for p in d["sync"]["peers"]:
+            state = f"error: {p['last_error']}" if p["last_error"] else "ok"
+            backoff = f", backing off {p['backoff_ms'] // 1000 + 1} s" if p["backoff_ms"] else ""
+            lines.append(f"      {short(p['peer'])}: last exchange {ago(p['last_exchange_ms'], t)}, "
+                         f"we lack {p['we_lack']}, it lacks {p['peer_lacks']}, {state}{backoff}")
+        r = d["recall"]
+        if r["memories"]:
+            vec = (f", {r['with_vectors']}/{r['memories']} with vectors ({r['embedder']})" if r["embedder"]
+                   else ", no embedder")
+            lines.append(f"    recall: {r['memories']} memories{vec}")
+        if d["grants"]:
+            lines.append("    grants: " + ", ".join(
+                f"{g['name'] or short(g['key'])} " + (g["level"] if g["status"] == "active" else "revoked")
+                + (f"({g['priority']})" if g["priority"] is not None else "") for g in d["grants"]))
         for source, reasons in sorted(d["refused"].items()):
-            lines.append(f"    refused from {source or 'local'}: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())))
-    serving = f"serving at {node.sync.address()}" if node.network.serving else "serve is not running"
-    lines.append(f"sync: {serving}")
-    for link in links:
-        when = "never" if link["last_success_ms"] is None else _ago(link["last_success_ms"])
-        state = f"error: {link['last_error']}" if link["last_error"] else "ok"
-        backoff = f", backing off {link['backoff_ms'] // 1000 + 1} s" if link["backoff_ms"] else ""
-        lines.append(f"  {link['bank']} <-> {link['peer']}: last sync {when}, we lack {link['behind']}, "
-                     f"it lacks {link['peer_behind']}, {state}{backoff}")
-        if link["refused"]:
-            lines.append("    refused: " + ", ".join(f"{r} {n}" for r, n in sorted(link["refused"].items())))
-    return Result(data, "\n".join(lines))
-
-
-def _ago(ms: int) -> str:
-    import time
-
-    seconds = max(0, int(time.time() - ms / 1000))
-    return f"{seconds} s ago" if seconds < 120 else f"{seconds // 60} min ago"
+            lines.append(f"    refused from {short(source) if source else 'local'}: "
+                         + ", ".join(f"{r} {k}" for r, k in sorted(reasons.items())))
+    return "\n".join(lines)

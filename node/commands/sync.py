@@ -43,6 +43,7 @@ def memory_share(node: "Node", p: MemoryShare) -> Result:
     shared = sharing.share(node, p.bank, perm=p.perm, recipient=p.recipient, expires_s=parse_duration(p.expires),
                            address=address)
     node.network.poke(shared.db)
+    node.network.publish("bank.shared", {"db": shared.db, "bank": shared.bank})
     t = shared.ticket
     warnings = [] if node.network.serving else [
         "memmesh serve is not running for this home: the importing peer can reach this node only "
@@ -62,6 +63,8 @@ class MemoryUnshare(Params):
 @command("memory.unshare", MemoryUnshare, "stop serving a bank to peers (keys they hold stay granted)")
 def memory_unshare(node: "Node", p: MemoryUnshare) -> Result:
     name, was = sharing.unshare(node, p.bank)
+    if was:
+        node.network.publish("bank.unshared", {"db": node.agents.resolve(p.bank).db.id, "bank": name})
     text = (f"{name} is no longer served to peers; keys already granted stay in its settings "
             f"(revoke them with memmesh memory revoke)") if was else f"{name} was not shared; nothing changed"
     return Result({"bank": name, "was_shared": was}, text)
@@ -82,6 +85,7 @@ def memory_import(node: "Node", p: MemoryImport) -> Result:
 
     imported = node.network.run(make)
     node.network.poke(imported.db)
+    node.network.publish("bank.imported", {"db": imported.db, "bank": imported.name})
     hint = "" if imported.perm == "admin" else (
         f"\n(this node holds {imported.perm}: granting its agents needs admin on the bank)")
     return Result({"name": imported.name, "db": imported.db, "perm": imported.perm, "entries": imported.entries,
@@ -90,20 +94,101 @@ def memory_import(node: "Node", p: MemoryImport) -> Result:
                   f"from {imported.address}{hint}")
 
 
-@command("peers", NoParams, "peers this node knows, per shared bank, and how it learnt them", read_only=True)
+@command("peers", NoParams, "peers this node knows: how it found them, traffic, banks shared, refusals",
+         read_only=True)
 def peers(node: "Node", p: NoParams) -> Result:
-    rows = []
+    from node.commands.node_status import ago, peer_refusals, short, stale_after_ms
+
+    t = now_ms()
+    stale_ms = stale_after_ms(node)
+    by_key: dict[str, dict] = {}
     for db_id in node.sync.peers.databases():
         name = node.agents.name_of(db_id)
+        db = node.database(db_id) if db_id in node.database_ids() else None
         for rec in node.sync.peers.peers(db_id):
-            rows.append({"db": db_id, "bank": name, "key": rec.key, "addresses": list(rec.addrs), "how": rec.how,
-                         "ways": sorted(rec.ways), "last_success_ms": rec.last_success, "last_error": rec.last_error,
-                         "failures": rec.failures, "next_try_ms": rec.next_try_ms})
+            link = node.sync.link_if_any(db_id, rec.key)
+            row = by_key.get(rec.key)
+            if row is None:
+                # the first bank's record gives the keys peers rows always had (db, bank, how...)
+                row = by_key[rec.key] = {
+                    "key": rec.key, "addresses": [], "how": rec.how, "connected": False, "last_seen_ms": None,
+                    "bytes_in": 0, "bytes_out": 0, "banks": [], "refused": {}, "db": db_id, "bank": name,
+                    "ways": sorted(rec.ways), "last_success_ms": rec.last_success, "last_error": rec.last_error,
+                    "failures": rec.failures, "next_try_ms": rec.next_try_ms, "per_bank": []}
+            row["addresses"] += [a for a in rec.addrs if a not in row["addresses"]]
+            row["banks"].append(name)
+            if rec.last_success is not None and (row["last_seen_ms"] or 0) < rec.last_success:
+                row["last_seen_ms"] = rec.last_success
+            if link is not None:
+                row["bytes_in"] += link.bytes_in
+                row["bytes_out"] += link.bytes_out
+                # connected: its latest exchange of some bank completed, within stale_after_s
+                if (link.last_error is None and link.last_success_ms is not None
+                        and t - link.last_success_ms <= stale_ms):
+                    row["connected"] = True
+            if db is not None:
+                for reason, n in peer_refusals(db, rec.key).items():
+                    row["refused"][reason] = row["refused"].get(reason, 0) + n
+            row["per_bank"].append({"db": db_id, "bank": name, "how": rec.how, "addresses": list(rec.addrs),
+                                    "last_success_ms": rec.last_success, "last_error": rec.last_error,
+                                    "failures": rec.failures, "next_try_ms": rec.next_try_ms})
     lan = node.network.discovered()
-    lines = [f"{r['bank']:<16} {r['key']}  {r['how']:<8} {', '.join(r['addresses'])}"
-             + (f"  last error: {r['last_error']}" if r["last_error"] else "") for r in rows]
-    lines += [f"{'(LAN)':<16} {d['key']}  lan      {', '.join(d['addresses'])}" for d in lan]
+    for d in lan:
+        if d["key"] not in by_key:
+            by_key[d["key"]] = {"key": d["key"], "addresses": list(d["addresses"]), "how": "lan", "connected": False,
+                                "last_seen_ms": None, "bytes_in": 0, "bytes_out": 0, "banks": [], "refused": {},
+                                "db": None, "bank": None, "ways": ["lan"], "last_success_ms": None,
+                                "last_error": None, "failures": 0, "next_try_ms": 0, "per_bank": []}
+    rows = list(by_key.values())
+    lines = []
+    for r in rows:
+        state = "connected" if r["connected"] else "not connected"
+        lines.append(f"{short(r['key'])}  {r['how']:<8} {state}, last seen {ago(r['last_seen_ms'], t)}, "
+                     f"in {r['bytes_in']} B, out {r['bytes_out']} B  {', '.join(r['addresses'])}")
+        if r["banks"]:
+            lines.append(f"    banks: {', '.join(r['banks'])}")
+        if r["refused"]:
+            lines.append("    refused from it: " + ", ".join(f"{k} {n}" for k, n in sorted(r["refused"].items())))
+        if r["last_error"]:
+            lines.append(f"    last error: {r['last_error']}")
     return Result({"peers": rows, "lan": lan}, "\n".join(lines) or "no peers yet (import a ticket, or share a bank)")
+
+
+class Refusals(Params):
+    limit: Annotated[int, Field(ge=1, le=500, description="how many refusals at most, newest first")] = 50
+    before: Annotated[int | None, Field(ge=0, description="only refusals older than this cursor: the `next` "
+                                                          "of the previous page")] = None
+
+
+CURSOR_SEQ = 4096  # a cursor is at_ms * CURSOR_SEQ + (the refusal's number mod CURSOR_SEQ)
+
+
+@command("refusals", Refusals, "entries this node refused, newest first, with who sent them and why", read_only=True)
+def refusals(node: "Node", p: Refusals) -> Result:
+    from node.commands.node_status import short, utc
+
+    found = []
+    for db_id in node.database_ids():
+        db = node.database(db_id)
+        for r in db.recent_refusals(limit=1 << 20):
+            cursor = r.at_ms * CURSOR_SEQ + (max(r.seq, 0) % CURSOR_SEQ)
+            if p.before is None or cursor < p.before:
+                found.append((cursor, db_id, r))
+    found.sort(key=lambda f: (f[0], f[1]), reverse=True)
+    page = found[:p.limit]
+    rows = []
+    for cursor, db_id, r in page:
+        db = node.database(db_id)
+        source = r.source[len("peer:"):] if r.source.startswith("peer:") else (r.source or "local")
+        rows.append({"cursor": cursor, "entry": r.id, "author": None, "db": db_id, "bank": node.agents.name_of(db_id),
+                     "source": source, "reason": r.reason, "first_seen_ms": r.at_ms, "explain": db.explain(r.id)})
+    more = len(found) > len(page)
+    data = {"refusals": rows, "next": page[-1][0] if more and page else None}
+    lines = [f"{utc(r['first_seen_ms'])}  {r['bank']}  {r['reason']}  from {short(r['source'])}  {r['entry']}\n"
+             f"    {r['explain']}" for r in rows]
+    if data["next"] is not None:
+        lines.append(f"more: memmesh refusals --before {data['next']}")
+    return Result(data, "\n".join(lines) or "no refusals")
 
 
 class Sync(Params):

@@ -133,5 +133,5 @@ class AutoRecall(AgentParams):
 
 @command("autorecall", AutoRecall, "print the Relevant Memories block for the last messages")
 def autorecall(node: "Node", p: AutoRecall) -> Result:
-    text = node.memory.auto_recall(node.agents.agent(p.agent), p.messages, p.session)
-    return Result({"block": text}, text.rstrip("\n"))
+    text, lines = node.memory.auto_recall_lines(node.agents.agent(p.agent), p.messages, p.session)
+    return Result({"block": text, "lines": lines}, text.rstrip("\n"))

@@ -115,7 +115,7 @@ class MemoryService:
 
     def _search(self, db: Database, query: str, tags: Sequence[str], limit: int,
                 warnings: list[str], include_superseded: bool = False,
-                vectors: dict[str, np.ndarray | None] | None = None):
+                vectors: dict[str, np.ndarray | None] | None = None, with_scores: bool = False):
         """Recall in one database. ``vectors`` caches the query's embedding across the
         databases of one call (auto-recall searches several), so it is computed once."""
         view = self.view(db)
@@ -126,7 +126,7 @@ class MemoryService:
                 cache[query] = self._embed(query, warnings, "read")
             vector = cache[query]
         return view.recall(query, tags=tags, limit=limit, query_vector=vector,
-                           include_superseded=include_superseded)
+                           include_superseded=include_superseded, with_scores=with_scores)
 
     def list_banks(self, agent: Agent) -> dict[str, Any]:
         own = perm_name(self._perm_on(agent, agent.db.id))
@@ -163,29 +163,38 @@ class MemoryService:
 
     # ------------------------------------------------------------------ auto-recall
     def auto_recall(self, agent: Agent, messages: Sequence[str], session: str | None = None) -> str:
+        return self.auto_recall_lines(agent, messages, session)[0]
+
+    def auto_recall_lines(self, agent: Agent, messages: Sequence[str],
+                          session: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+        """The Relevant Memories block, and per line of it where it came from: the line's text
+        (as in the block), the memory's key, the bank (None: the agent's own memory), the
+        database and the score that ranked it there (scores compare within one store only)."""
         state = agent_state(agent.db, memory_defaults(self.agents.home))
         if not state.config["auto_recall_enabled"]:
-            return ""
+            return "", []
         tokens = autorecall_query_tokens(list(messages)) if messages else []
         if not tokens:
-            return ""
+            return "", []
         query = " ".join(tokens)
         limit = int(state.config["max_entries"])
         warnings: list[str] = []
-        lines: list[str] = []
+        lines: list[dict[str, Any]] = []
         vectors: dict[str, np.ndarray | None] = {}
-        for m in self._search(agent.db, query, (), limit, warnings, vectors=vectors):
-            lines.append(_line(m.key, m.value, None))
+        for m, score in self._search(agent.db, query, (), limit, warnings, vectors=vectors, with_scores=True):
+            lines.append({"text": _line(m.key, m.value, None), "key": m.key, "bank": None, "db": agent.db.id,
+                          "score": score})
         for db_id in self._recall_banks(agent, state, session):
             try:
                 target = self.agents.open_for(agent, db_id, "read")
             except (AuthError, NameError_):
                 continue  # banks the agent cannot open (or no longer knows) are skipped silently
-            for m in self._search(target.db, query, (), limit, warnings, vectors=vectors):
-                lines.append(_line(m.key, m.value, target.name))
+            for m, score in self._search(target.db, query, (), limit, warnings, vectors=vectors, with_scores=True):
+                lines.append({"text": _line(m.key, m.value, target.name), "key": m.key, "bank": target.name,
+                              "db": target.db.id, "score": score})
         if not lines:
-            return ""
-        return "## Relevant Memories\n\n" + "\n".join(lines) + "\n"
+            return "", []
+        return "## Relevant Memories\n\n" + "\n".join(line["text"] for line in lines) + "\n", lines
 
     def _recall_banks(self, agent: Agent, state, session: str | None) -> list[str]:
         chosen = state.config.get("auto_recall_banks") or []

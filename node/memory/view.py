@@ -221,7 +221,7 @@ class _Index:
         return any(doc in index for index in self.vectors.values())
 
     def rank(self, tokens: list[str], need: frozenset[str], limit: int,
-             query_vector: np.ndarray | None) -> list[Memory]:
+             query_vector: np.ndarray | None) -> list[tuple[Memory, float]]:
         tiebreak = self.tiebreak.__getitem__
         allowed = None
         if need:
@@ -253,7 +253,7 @@ class _Index:
                 else:
                     hits = lexical[:limit]
         mem = self.mem
-        return [mem[d] for d, _ in hits]
+        return [(mem[d], float(score)) for d, score in hits]
 
 
 class MemoryView:
@@ -299,8 +299,10 @@ class MemoryView:
         limit: int = DEFAULT_LIMIT,
         query_vector: np.ndarray | None = None,
         include_superseded: bool = False,
-    ) -> list[Memory]:
-        """Best-first memories for ``query`` (see the module docstring for the exact rules)."""
+        with_scores: bool = False,
+    ) -> list[Memory] | list[tuple[Memory, float]]:
+        """Best-first memories for ``query`` (see the module docstring for the exact rules);
+        ``with_scores``: (memory, score) pairs, the score that ranked it (BM25, or RRF when fused)."""
         if query is None:
             query = ""
         if not isinstance(query, str):
@@ -315,7 +317,8 @@ class MemoryView:
             qv = None
         tokens = tokenize(query)
         index = self._scan() if include_superseded else self._current_index()
-        return index.rank(tokens, need, int(limit), qv)
+        hits = index.rank(tokens, need, int(limit), qv)
+        return hits if with_scores else [m for m, _score in hits]
 
     def memories(self, *, include_superseded: bool = False) -> list[Memory]:
         """Current memories (every well-formed row with include_superseded), newest first."""

@@ -48,18 +48,20 @@ async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runn
 async def _one(node: "Node", transport: HttpTransport, client: Client, db, key: str, addrs: list[str],
                run: Runner) -> dict[str, Any]:
     error = "no address known"
+    seen = None  # the stats of the last attempt that got past the feeds step
     for address in addrs:
         exchange = Exchange(db, key, known_peers=[m.PeerInfo(str(node.peer_key.public), (node.sync.address() or "http:127.0.0.1:7411",))])
         try:
             await run_exchange(transport, client, address, key, exchange, run)
         except SyncError as exc:
             error = f"{exc.reason}: {exc}"
+            seen = exchange.stats if exchange.stats.peer_feeds is not None else seen
             continue
 
         await run(lambda: node.sync.record_exchange(db.id, key, address, exchange.stats, how="manual"))
         return {"db": db.id, "peer": key, "address": address, "ok": True, "error": None,
                 "pulled": exchange.stats.pulled, "pushed": exchange.stats.pushed}
 
-    await run(lambda: node.sync.record_failure(db.id, key, error))
+    await run(lambda: node.sync.record_failure(db.id, key, error, seen))
     return {"db": db.id, "peer": key, "address": addrs[0] if addrs else "-", "ok": False, "error": error,
             "pulled": 0, "pushed": 0}

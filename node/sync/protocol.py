@@ -244,6 +244,11 @@ class ExchangeStats:
     bytes_in: int = 0
     bytes_out: int = 0
     peers: list[m.PeerInfo] = field(default_factory=list)
+    # The feeds step's view of both sides, kept for the link status even when a later step
+    # fails: the peer's feeds and evidence (None before that step), and ours at that moment.
+    peer_feeds: dict[str, tuple[int, str]] | None = None
+    peer_evidence: dict[str, list[str]] = field(default_factory=dict)
+    our_feeds: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 class Exchange:
@@ -298,6 +303,8 @@ class Exchange:
     def on_reply(self, reply: Any) -> None:
         if self._stage == "feeds":
             self.stats.lacking = reply.lacking
+            self.stats.peer_feeds, self.stats.peer_evidence = dict(reply.feeds), dict(reply.evidence)
+            self.stats.our_feeds = self.db.feeds()
             self._to_push = self.db.missing_for(reply.feeds, reply.evidence)
             self.stats.peer_lacking = len(self._to_push)
             wanted = self.db.wanted()

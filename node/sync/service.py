@@ -30,7 +30,7 @@ from node.sync import messages as m
 from node.sync import sharing
 from node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
 from node.sync.protocol import Client, Exchange, SyncError, SyncServer
-from node.sync.state import now_ms
+from node.sync.state import Lag, lag, now_ms
 
 if TYPE_CHECKING:
     from node.library import Node
@@ -96,6 +96,9 @@ class SyncService:
         self._discovery: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.rounds = 0
+        # What the event stream was last told per (db, peer): connected or not, and the lag.
+        self._connected: dict[tuple[str, str], bool] = {}
+        self._lags: dict[tuple[str, str], Lag] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def add_routes(self, app: web.Application) -> None:
@@ -159,6 +162,7 @@ class SyncService:
         loop = self._loop
 
         def stored(_ids: tuple[str, ...]) -> None:
+            self._tell_lag(db_id)  # a commit changes what each peer lacks
             if loop is not None:
                 loop.call_soon_threadsafe(self._poke, db_id)
 
@@ -292,27 +296,63 @@ class SyncService:
         known = await run(lambda: [m.PeerInfo(str(self.node.peer_key.public), (self.address,))]
                           + self.node.sync.peers.infos(db_id, exclude=peer, k=16, rnd=self._rnd))
         last_error: SyncError | None = None
+        seen = None  # the stats of the last attempt that got past the feeds step
         for address in candidates:
             exchange = Exchange(db, peer, known_peers=known)
             try:
                 await run_exchange(HttpTransport(self._session), self.client, address, peer, exchange, run)
             except SyncError as exc:
                 last_error = exc
+                if exchange.stats.peer_feeds is not None:
+                    seen = exchange.stats
                 continue
             await run(lambda: self._record_success(db_id, peer, address, exchange))
             return exchange
         error = last_error or SyncError("sync.no_address", f"no address known for {peer}")
-        await run(lambda: self._record_failure(db_id, peer, error))
+        await run(lambda: self._record_failure(db_id, peer, error, seen))
         raise error
 
     def _record_success(self, db_id: str, peer: str, address: str, exchange: Exchange) -> None:
         self.node.sync.record_exchange(db_id, peer, address, exchange.stats)
+        self._tell_link(db_id, peer, None)
         st = exchange.stats
         log.info("synced %s with %s at %s: pulled %d, pushed %d", db_id[:15], peer[:20], address, st.pulled, st.pushed)
 
-    def _record_failure(self, db_id: str, peer: str, error: SyncError) -> None:
-        self.node.sync.record_failure(db_id, peer, f"{error.reason}: {error}")
+    def _record_failure(self, db_id: str, peer: str, error: SyncError, seen: Any = None) -> None:
+        self.node.sync.record_failure(db_id, peer, f"{error.reason}: {error}", seen)
+        self._tell_link(db_id, peer, f"{error.reason}: {error}")
         log.info("sync of %s with %s failed: %s", db_id[:15], peer[:20], error)
+
+    # ------------------------------------------------------------------ events (database thread)
+    def _tell_link(self, db_id: str, peer: str, error: str | None) -> None:
+        """peer.connected / peer.lost when an exchange's outcome differs from the last one's, and
+        lag.changed; ``error`` None: the exchange succeeded."""
+        link = (db_id, peer)
+        ok = error is None
+        if self._connected.get(link) is not ok:
+            self._connected[link] = ok
+            if ok:
+                self.node.network.publish("peer.connected", {"peer": peer, "db": db_id})
+            else:
+                self.node.network.publish("peer.lost", {"peer": peer, "db": db_id, "error": error})
+        self._tell_lag(db_id, peer)
+
+    def _tell_lag(self, db_id: str, peer: str | None = None) -> None:
+        """lag.changed for each link of ``db_id`` (or the one with ``peer``) whose exact lag
+        (node/sync/state.lag) differs from what was last told; a first zero is no change."""
+        if db_id not in self.node.database_ids():
+            return
+        db = self.node.database(db_id)
+        for status in self.node.sync.links(db_id):
+            if peer is not None and status.peer != peer:
+                continue
+            now, link = lag(db, status), (db_id, status.peer)
+            before = self._lags.get(link, Lag(0, 0))
+            self._lags[link] = now
+            if now != before:
+                self.node.network.publish("lag.changed", {
+                    "db": db_id, "bank": self.node.agents.name_of(db_id), "peer": status.peer,
+                    "peer_lacks": now.peer_lacks, "we_lack": now.we_lack})
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:

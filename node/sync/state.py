@@ -52,6 +52,38 @@ class LinkStatus:
     bytes_in: int = 0
     bytes_out: int = 0
     exchanges: int = 0
+    # The peer's feed positions as last seen (author -> [seq, head id]), from the feeds step of
+    # an exchange even one that then failed: what exact lag is counted from (see lag()).
+    peer_feeds: dict[str, list[Any]] | None = None
+    peer_evidence: dict[str, list[str]] = field(default_factory=dict)
+    feeds_ms: int | None = None  # when they were seen
+    since_ms: int = field(default_factory=lambda: now_ms())  # when this link was first recorded
+
+
+@dataclass(frozen=True)
+class Lag:
+    """Exact lag of one link, in entries: the peer's feeds as last seen against ours now."""
+
+    peer_lacks: int  # entries we hold that the peer's feeds do not cover
+    we_lack: int  # entries the peer's feeds cover that ours do not
+
+
+def lag(db: Any, link: LinkStatus) -> Lag:
+    """``db`` is the link's Database. Both counts go by per-author feed positions: every
+    author's entries form a hash-linked feed, so "the peer holds author A up to seq n" says
+    exactly which entries it holds. A forked author's second entries are counted by
+    missing_for (peer_lacks) but not by seq (we_lack). Zero until a feeds step was seen."""
+    if link.peer_feeds is None:
+        return Lag(0, 0)
+    theirs = {a: (int(v[0]), v[1]) for a, v in link.peer_feeds.items()}
+    peer_lacks = len(db.missing_for(theirs, link.peer_evidence))
+    ours = db.feeds()
+    we_lack = sum(max(0, seq - ours.get(a, (-1, None))[0]) for a, (seq, _h) in theirs.items())
+    return Lag(peer_lacks, we_lack)
+
+
+def _feeds_json(feeds: dict[str, tuple[int, str]]) -> dict[str, list[Any]]:
+    return {a: [int(seq), head] for a, (seq, head) in feeds.items()}
 
 
 class SyncState:
@@ -117,6 +149,9 @@ class SyncState:
             status = self._links[(db_id, peer)] = LinkStatus(db_id, peer)
         return status
 
+    def link_if_any(self, db_id: str, peer: str) -> LinkStatus | None:
+        return self._links.get((db_id, peer))
+
     def links(self, db_id: str | None = None) -> list[LinkStatus]:
         return [s for (d, _p), s in sorted(self._links.items()) if db_id is None or d == db_id]
 
@@ -144,18 +179,38 @@ class SyncState:
         link.bytes_in += stats.bytes_in
         link.bytes_out += stats.bytes_out
         link.exchanges += 1
+        if stats.peer_feeds is not None:
+            feeds = dict(stats.peer_feeds)
+            if stats.pushed >= stats.peer_lacking:
+                # The peer stored everything we held at the feeds step: it holds our feeds of
+                # then too (entries written since are still counted as lacking).
+                for author, (seq, head) in stats.our_feeds.items():
+                    if seq > feeds.get(author, (-1, None))[0]:
+                        feeds[author] = (seq, head)
+            self._seen_feeds(link, feeds, stats.peer_evidence, t)
         self.save_link(link)
         return link
 
-    def record_failure(self, db_id: str, peer: str, error: str) -> LinkStatus:
+    def record_failure(self, db_id: str, peer: str, error: str, stats: Any = None) -> LinkStatus:
+        """A failed exchange; ``stats`` (protocol.ExchangeStats) if it got that far, so that
+        the peer's feeds seen before the failure still count for the lag."""
         t = now_ms()
         if self.peers.get(db_id, peer) is not None:
             self.peers.record_failure(db_id, peer, t, error)
         link = self.link(db_id, peer)
         link.last_attempt_ms = t
         link.last_error = error
+        if stats is not None and stats.peer_feeds is not None:
+            self._seen_feeds(link, stats.peer_feeds, stats.peer_evidence, t)
         self.save_link(link)
         return link
+
+    @staticmethod
+    def _seen_feeds(link: LinkStatus, feeds: dict[str, tuple[int, str]], evidence: dict[str, list[str]],
+                    t: int) -> None:
+        link.peer_feeds = _feeds_json(feeds)
+        link.peer_evidence = {a: list(ids) for a, ids in evidence.items()}
+        link.feeds_ms = t
 
     def to_dict(self) -> dict[str, Any]:
         return {"shared": self.shared(), "links": [asdict(s) for s in self.links()]}

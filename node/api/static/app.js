@@ -1,0 +1,503 @@
+// The memmesh cockpit: reads the node's local API (docs/api.md) and its event stream.
+// No framework and no build step: the page must work offline from the files serve ships.
+// Every number shown is a field of an API answer; the page only formats, sorts and picks.
+"use strict";
+(() => {
+  const TOKEN_KEY = "memmesh.token"; // sessionStorage: this tab only, never a URL
+  const RETRY_MAX_MS = 8000;
+  const REFRESH_DELAY_MS = 120; // several events in a burst cost one re-fetch
+  // Which API answers an event makes stale (the page re-fetches them, never patches numbers).
+  const STALE_BY_EVENT = {
+    "entry.accepted": ["status"],
+    "entry.refused": ["status", "refusals", "peers"],
+    "peer.connected": ["status", "peers"],
+    "peer.lost": ["status", "peers"],
+    "lag.changed": ["status"],
+    "grant.changed": ["status", "agents"],
+    "bank.imported": ["status", "peers", "agents"],
+    "bank.shared": ["status", "peers", "agents"],
+    "bank.unshared": ["status", "peers", "agents"],
+  };
+  const ALL = ["status", "peers", "refusals", "agents"];
+
+  const $ = (id) => document.getElementById(id);
+  const state = {
+    status: null, peers: null, refusals: null, agents: null,
+    errors: {}, asOf: {},
+    pages: [null], // the `before` cursor of each refusals page seen; the last is shown
+    tab: "overview", bank: null,
+    lastId: null, run: null, events: 0, streamAbort: null,
+  };
+
+  // ------------------------------------------------------------------ small helpers
+  function h(tag, attrs, ...kids) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "text") el.textContent = v;
+      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const kid of kids.flat(Infinity)) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    }
+    return el;
+  }
+  const dash = "—";
+  const num = (v) => (v === null || v === undefined ? dash : String(v));
+  const has = (o, k) => o !== null && typeof o === "object" && k in o;
+  function shortKey(key) {
+    if (!key) return dash;
+    const s = String(key);
+    const body = s.startsWith("ed25519:") ? s.slice(8) : s;
+    return body.length > 14 ? `${body.slice(0, 10)}…` : body;
+  }
+  function keyCell(key, name) {
+    return h("span", {class: "key", title: key || ""}, name ? `${name} ` : "", h("code", {}, shortKey(key)));
+  }
+  function seconds(s) {
+    if (s === null || s === undefined) return dash;
+    if (s < 1) return "<1 s";
+    if (s < 120) return `${Math.floor(s)} s`;
+    if (s < 7200) return `${Math.floor(s / 60)} min`;
+    return `${Math.floor(s / 3600)} h`;
+  }
+  function when(ms) { // an epoch-ms time from the API, as a clock time
+    if (ms === null || ms === undefined) return "never";
+    return new Date(ms).toLocaleTimeString();
+  }
+  function reasons(map) {
+    const parts = Object.entries(map || {}).sort((a, b) => b[1] - a[1]).map(([r, n]) => `${r} ${n}`);
+    return parts.length ? parts.join(", ") : "none";
+  }
+  function table(el, head, rows, empty) {
+    el.replaceChildren(h("thead", {}, h("tr", {}, head.map((c) => h("th", {}, c)))),
+      h("tbody", {}, rows.length ? rows : [h("tr", {}, h("td", {colspan: head.length, class: "empty"}, empty))]));
+  }
+  const cell = (field, value, extra) => h("td", {"data-field": field, ...(extra || {})}, value);
+  const dbName = (d) => d.name || d.id;
+
+  // ------------------------------------------------------------------ the API
+  const token = () => sessionStorage.getItem(TOKEN_KEY);
+  class Unauthorized extends Error {}
+
+  async function api(method, path, body) {
+    const headers = {Authorization: `Bearer ${token()}`};
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const resp = await fetch(path, {method, headers, cache: "no-store",
+      body: body === undefined ? undefined : JSON.stringify(body)});
+    let answer = null;
+    try { answer = await resp.json(); } catch (e) { answer = null; }
+    if (resp.status === 401) throw new Unauthorized(answer && answer.error ? answer.error.message : "unauthorized");
+    if (!resp.ok) {
+      const message = answer && answer.error ? answer.error.message : `${method} ${path}: HTTP ${resp.status}`;
+      const err = new Error(message);
+      err.status = resp.status;
+      throw err;
+    }
+    return answer.data;
+  }
+
+  const LOADERS = {
+    status: () => api("GET", "/v1/status"),
+    peers: () => api("GET", "/v1/peers"),
+    agents: () => api("GET", "/v1/agent/list"),
+    refusals: () => {
+      const before = state.pages[state.pages.length - 1];
+      return api("POST", "/v1/refusals", before === null ? {limit: 25} : {limit: 25, before});
+    },
+  };
+
+  async function load(which) {
+    await Promise.all(which.map(async (name) => {
+      try {
+        state[name] = await LOADERS[name]();
+        state.errors[name] = null;
+        state.asOf[name] = new Date();
+      } catch (e) {
+        if (e instanceof Unauthorized) throw e;
+        state.errors[name] = e.message;
+      }
+    }));
+    render();
+  }
+
+  let pending = new Set();
+  let timer = null;
+  function stale(which) {
+    which.forEach((w) => pending.add(w));
+    if (timer) return;
+    timer = setTimeout(async () => {
+      const todo = [...pending];
+      pending = new Set();
+      timer = null;
+      try { await load(todo); } catch (e) { if (e instanceof Unauthorized) signOut(e.message); }
+    }, REFRESH_DELAY_MS);
+  }
+
+  // ------------------------------------------------------------------ the event stream
+  function setStream(mode, text) {
+    const el = $("stream");
+    el.dataset.state = mode;
+    if (state.lastId !== null) el.dataset.lastId = String(state.lastId);
+    $("stream-text").textContent = text;
+  }
+
+  function dispatch(ev) {
+    if (ev.id !== null) state.lastId = ev.id;
+    let data = null;
+    try { data = ev.data ? JSON.parse(ev.data) : null; } catch (e) { data = null; }
+    if (ev.type === "hello") {
+      const first = state.run === null;
+      if (!first && data && data.run !== state.run) state.lastId = data.last_id; // serve restarted: ids begin anew
+      if (data) state.run = data.run;
+      if (state.lastId === null && data) state.lastId = data.last_id;
+      stale(ALL); // whatever happened while we were not listening
+    } else if (ev.type === "missed") {
+      stale(ALL);
+    } else {
+      state.events += 1;
+      stale(STALE_BY_EVENT[ev.type] || ALL);
+    }
+    setStream("live", `live · ${state.events} event${state.events === 1 ? "" : "s"}`);
+  }
+
+  function parseBlock(block) {
+    const ev = {id: null, type: "message", data: ""};
+    let data = [];
+    let any = false;
+    for (const line of block.split(/\r?\n/)) {
+      if (!line || line.startsWith(":")) continue; // keepalive comments
+      const i = line.indexOf(":");
+      const field = i < 0 ? line : line.slice(0, i);
+      let value = i < 0 ? "" : line.slice(i + 1);
+      if (value.startsWith(" ")) value = value.slice(1);
+      if (field === "id") ev.id = Number(value);
+      else if (field === "event") ev.type = value;
+      else if (field === "data") data.push(value);
+      else continue;
+      any = true;
+    }
+    ev.data = data.join("\n");
+    return any ? ev : null;
+  }
+
+  async function stream() {
+    let wait = 500;
+    while (token()) {
+      const ctrl = new AbortController();
+      state.streamAbort = ctrl;
+      setStream(state.run === null ? "connecting" : "reconnecting",
+        state.run === null ? "connecting…" : "reconnecting…");
+      try {
+        const query = state.lastId === null ? "" : `?since=${encodeURIComponent(state.lastId)}`;
+        const resp = await fetch(`/v1/events${query}`, {cache: "no-store", signal: ctrl.signal,
+          headers: {Authorization: `Bearer ${token()}`, Accept: "text/event-stream"}});
+        if (resp.status === 401) { signOut("the token was refused"); return; }
+        if (!resp.ok || !resp.body) throw new Error(`HTTP ${resp.status}`);
+        const reader = resp.body.getReader();
+        const decoder = new TextDecoder();
+        let buf = "";
+        wait = 500;
+        for (;;) {
+          const {value, done} = await reader.read();
+          if (done) break;
+          buf += decoder.decode(value, {stream: true});
+          let m;
+          while ((m = /\r?\n\r?\n/.exec(buf))) {
+            const ev = parseBlock(buf.slice(0, m.index));
+            buf = buf.slice(m.index + m[0].length);
+            if (ev) dispatch(ev);
+          }
+        }
+        throw new Error("the stream ended");
+      } catch (e) {
+        if (!token()) return;
+        setStream("disconnected", `disconnected (${e.message || e}); retrying in ${Math.ceil(wait / 1000)} s`);
+        await new Promise((r) => setTimeout(r, wait));
+        wait = Math.min(wait * 2, RETRY_MAX_MS);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ rendering
+  function dbs() { return (state.status && state.status.databases) || []; }
+  function syncOf(d) { return d.sync || null; }
+  function worstPeer(d) {
+    const s = syncOf(d);
+    if (!s || !s.peers || !s.peers.length) return null;
+    const lag = (p) => Math.max(p.peer_lacks || 0, p.we_lack || 0);
+    return [...s.peers].sort((a, b) => lag(b) - lag(a) || (b.last_error ? 1 : 0) - (a.last_error ? 1 : 0))[0];
+  }
+  // A bank's state for the overview: a word, a class, and why (from the API's own fields).
+  function verdictOf(d) {
+    const s = syncOf(d);
+    if (!d.shared && (!s || !s.peers || !s.peers.length)) return {word: "local", cls: "muted", why: "not shared"};
+    if (!s) return {word: "unknown", cls: "warn", why: "this serve does not report sync per bank"};
+    const p = worstPeer(d);
+    if (!p) return {word: "no peers", cls: "muted", why: "shared, no peer has synced yet"};
+    const why = [];
+    if (p.peer_lacks) why.push(`peer lacks ${p.peer_lacks}`);
+    if (p.we_lack) why.push(`we lack ${p.we_lack}`);
+    if (p.last_error) why.push(`last error: ${p.last_error}`);
+    if (p.backoff_ms) why.push(`backing off ${seconds(p.backoff_ms / 1000)}`);
+    if (s.stale) why.push(`no complete exchange for ${seconds(s.last_complete_exchange_age_s)}`);
+    if (s.worst_lag || p.last_error || s.stale) {
+      return {word: s.stale ? "stale" : "behind", cls: "bad", why: why.join("; "), peer: p};
+    }
+    return {word: "in sync", cls: "ok", why: "", peer: p};
+  }
+
+  function renderNode() {
+    const st = state.status;
+    const n = st && st.node;
+    const line = $("node-line");
+    if (!st) { line.textContent = ""; return; }
+    line.replaceChildren(keyCell(st.peer_key), n && n.listeners ? ` · api ${n.listeners.api || "off"} · sync ${n.listeners.sync || "off"}` : "");
+    const card = (label, value, id) => h("div", {class: "card"}, h("div", {class: "label"}, label),
+      h("div", {class: "value", "data-testid": id, id}, value));
+    const counts = (n && n.counts) || {};
+    const verify = (n && n.verify) || {};
+    $("node-cards").replaceChildren(
+      card("banks", num(counts.banks), "node-banks"),
+      card("databases", num(has(counts, "databases") ? counts.databases : dbs().length), "node-databases"),
+      card("peers", num(counts.peers), "node-peers"),
+      card("errors", num(counts.errors), "node-errors"),
+      card("uptime", n ? seconds(n.uptime_s) : dash, "node-uptime"),
+      card("verified entries", num(verify.entries), "node-verified"),
+      card("verify rate /s", verify.per_s === null || verify.per_s === undefined ? dash : String(verify.per_s), "node-verify-rate"),
+      card("discovery", n && n.discovery !== null && n.discovery !== undefined ? (n.discovery ? "on" : "off") : dash, "node-discovery"),
+    );
+  }
+
+  function renderOverview() {
+    const list = dbs();
+    const shared = list.filter((d) => d.shared || (syncOf(d) && (syncOf(d).peers || []).length));
+    const bad = shared.filter((d) => verdictOf(d).cls === "bad");
+    const v = $("verdict");
+    if (!state.status) { v.textContent = state.errors.status || "loading…"; v.className = "verdict"; }
+    else if (!shared.length) { v.textContent = "No bank is shared with a peer: nothing to sync."; v.className = "verdict muted"; }
+    else if (!bad.length) {
+      v.textContent = `All ${shared.length} shared bank${shared.length === 1 ? " is" : "s are"} in sync with every peer.`;
+      v.className = "verdict ok";
+    } else {
+      v.replaceChildren(`${bad.length} of ${shared.length} shared bank${shared.length === 1 ? " is" : "s are"} not in sync: `,
+        ...bad.map((d, i) => { const x = verdictOf(d); return h("span", {}, i ? "; " : "", h("b", {}, dbName(d)),
+          x.peer ? [" with ", keyCell(x.peer.peer)] : "", ` (${x.why})`); }));
+      v.className = "verdict bad";
+    }
+    v.dataset.bad = String(bad.length);
+    const rows = [...list].sort((a, b) => (b.shared ? 1 : 0) - (a.shared ? 1 : 0)).map((d) => {
+      const x = verdictOf(d);
+      const s = syncOf(d);
+      return h("tr", {"data-testid": "overview-row", "data-db": d.id, class: x.cls},
+        cell("name", h("a", {href: `#bank/${encodeURIComponent(d.id)}`}, dbName(d))),
+        cell("kind", d.kind || dash),
+        cell("entries", num(d.entries)),
+        cell("state", h("span", {class: `badge ${x.cls}`}, x.word)),
+        cell("peer", x.peer ? keyCell(x.peer.peer) : dash),
+        cell("peer_lacks", x.peer ? num(x.peer.peer_lacks) : dash),
+        cell("we_lack", x.peer ? num(x.peer.we_lack) : dash),
+        cell("worst_lag", s ? num(s.worst_lag) : dash),
+        cell("last_exchange_age", s ? seconds(s.last_complete_exchange_age_s) : dash),
+        cell("why", x.why || dash, {class: "why"}));
+    });
+    table($("overview-table"), ["bank", "kind", "entries", "state", "worst peer", "peer lacks", "we lack", "worst lag",
+      "last complete exchange", "why"], rows, "no databases");
+  }
+
+  function renderBanks() {
+    const rows = dbs().map((d) => h("tr", {"data-testid": "bank-row", "data-db": d.id},
+      cell("name", h("a", {href: `#bank/${encodeURIComponent(d.id)}`}, dbName(d))),
+      cell("kind", d.kind || dash),
+      cell("entries", num(d.entries)),
+      cell("authors", num(d.authors)),
+      cell("heads", num((d.heads || []).length)),
+      cell("pending", num(d.pending)),
+      cell("payload_pending", num(d.payload_pending)),
+      cell("refused", reasons(d.refused_by_reason)),
+      cell("shared", d.shared ? "yes" : "no"),
+      cell("id", h("code", {title: d.id}, shortKey(d.id)))));
+    table($("banks-table"), ["bank", "kind", "entries", "authors", "heads", "pending", "payload pending",
+      "refused by reason", "shared", "id"], rows, "no databases");
+  }
+
+  function section(title, ...kids) { return h("section", {class: "panel"}, h("h3", {}, title), ...kids); }
+  function dl(pairs, testid) {
+    return h("dl", {"data-testid": testid}, pairs.map(([k, v, field]) => [h("dt", {}, k), h("dd", {"data-field": field || k}, v)]));
+  }
+
+  function renderBank() {
+    const box = $("bank-detail");
+    const d = dbs().find((x) => x.id === state.bank);
+    if (!d) { box.replaceChildren(h("p", {}, state.status ? `no database ${state.bank} on this node` : "loading…")); return; }
+    const s = syncOf(d);
+    const r = d.recall || null;
+    const grants = (d.grants || []).map((g) => h("tr", {"data-testid": "grant-row", "data-key": g.key, class: g.status === "revoked" ? "muted" : ""},
+      cell("key", keyCell(g.key, g.name)), cell("level", g.level), cell("priority", num(g.priority)),
+      cell("status", g.status), cell("granted_by", g.granted_by ? keyCell(g.granted_by) : dash),
+      cell("entry", h("code", {title: g.entry}, shortKey(g.entry)))));
+    const gt = h("table", {"data-testid": "grants-table"});
+    table(gt, ["key", "level", "priority", "status", "granted by", "grant entry"], grants,
+      has(d, "grants") ? "no grants" : "this serve does not report grants");
+    const peers = ((s && s.peers) || []).map((p) => h("tr", {"data-testid": "bank-peer-row", "data-peer": p.peer},
+      cell("peer", keyCell(p.peer)), cell("peer_lacks", num(p.peer_lacks)), cell("we_lack", num(p.we_lack)),
+      cell("last_exchange", when(p.last_exchange_ms)), cell("last_error", p.last_error || dash, {class: "why"}),
+      cell("backoff", p.backoff_ms ? seconds(p.backoff_ms / 1000) : dash),
+      cell("bytes_in", num(p.bytes_in)), cell("bytes_out", num(p.bytes_out)), cell("refused", reasons(p.refused))));
+    const pt = h("table", {"data-testid": "bank-peers-table"});
+    table(pt, ["peer", "peer lacks", "we lack", "last exchange", "last error", "backoff", "bytes in", "bytes out",
+      "refused from it"], peers, s ? "no peers" : "this serve does not report sync per bank");
+    const refused = Object.entries(d.refused_by_reason || {}).map(([reason, n]) =>
+      h("tr", {"data-testid": "refused-reason-row", "data-reason": reason}, cell("reason", reason), cell("count", num(n))));
+    const rt = h("table", {"data-testid": "bank-refused-table"});
+    table(rt, ["reason", "entries refused"], refused, "nothing refused");
+    const x = verdictOf(d);
+    box.replaceChildren(
+      h("h2", {}, dbName(d), " ", h("span", {class: `badge ${x.cls}`, "data-testid": "bank-state"}, x.word)),
+      h("p", {class: "why"}, x.why),
+      dl([["id", h("code", {}, d.id)], ["kind", d.kind || dash], ["entries", num(d.entries)], ["authors", num(d.authors)],
+        ["heads", num((d.heads || []).length)], ["pending", num(d.pending)], ["payload pending", num(d.payload_pending), "payload_pending"],
+        ["worst lag", s ? num(s.worst_lag) : dash, "worst_lag"],
+        ["last complete exchange", s && s.last_complete_exchange_age_s !== null && s.last_complete_exchange_age_s !== undefined
+          ? `${seconds(s.last_complete_exchange_age_s)} ago` : "never", "last_exchange_age"],
+        ["stale", s ? (s.stale ? "yes" : "no") : dash]], "bank-facts"),
+      section("Peers", pt), section("Grants", gt), section("Refused, by reason", rt),
+      section("Recall engine", r ? dl([["embedder", r.embedder || "none (BM25 only)"], ["memories", num(r.memories)],
+        ["with a vector", num(r.with_vectors), "with_vectors"],
+        ["share", r.share === null || r.share === undefined ? dash : `${(r.share * 100).toFixed(1)} %`]], "bank-recall")
+        : h("p", {}, "this serve does not report the recall engine")));
+  }
+
+  function renderPeers() {
+    const list = (state.peers && state.peers.peers) || [];
+    const rows = list.map((p) => h("tr", {"data-testid": "peer-row", "data-peer": p.key},
+      cell("key", keyCell(p.key)), cell("addresses", (p.addresses || []).join(" ") || dash),
+      cell("how", p.how || dash), cell("connected", p.connected === undefined ? dash : (p.connected ? "yes" : "no")),
+      cell("last_seen", when(p.last_seen_ms)), cell("bytes_in", num(p.bytes_in)), cell("bytes_out", num(p.bytes_out)),
+      cell("banks", (p.banks || []).join(", ") || dash), cell("refused", reasons(p.refused))));
+    table($("peers-table"), ["peer", "addresses", "found by", "connected", "last seen", "bytes in", "bytes out",
+      "banks shared", "refused from it"], rows, state.errors.peers || "no peers known");
+  }
+
+  function renderRefusals() {
+    const data = state.refusals;
+    const list = (data && data.refusals) || [];
+    const rows = list.map((r) => h("tr", {"data-testid": "refusal-row", "data-entry": r.entry, "data-cursor": r.cursor},
+      cell("first_seen", when(r.first_seen_ms)), cell("bank", r.bank || r.db || dash),
+      cell("reason", h("span", {class: "badge bad"}, r.reason)), cell("source", keyCell(r.source)),
+      cell("author", r.author ? keyCell(r.author) : dash),
+      cell("explain", [h("code", {title: r.entry}, shortKey(r.entry)), h("pre", {class: "explain"}, r.explain || "")])));
+    table($("refusals-table"), ["first seen", "bank", "reason", "from", "author", "entry and why"], rows,
+      state.errors.refusals || "nothing refused");
+    $("refusals-page").textContent = `page ${state.pages.length}`;
+    $("refusals-older").disabled = !(data && data.next !== null && data.next !== undefined);
+    $("refusals-newest").disabled = state.pages.length === 1;
+  }
+
+  function show(v) {
+    if (v === null || v === undefined) return dash;
+    if (Array.isArray(v)) return v.map(show).join(", ") || dash;
+    if (typeof v === "object") return Object.entries(v).map(([k, x]) => `${k}: ${show(x)}`).join("; ") || dash;
+    return String(v);
+  }
+
+  function renderAgents() {
+    const list = (state.agents && state.agents.agents) || [];
+    const rows = list.map((a) => h("tr", {"data-testid": "agent-row", "data-agent": a.name},
+      cell("name", a.name), cell("key", keyCell(a.key)),
+      cell("attached", has(a, "attached") ? show(a.attached) : dash), cell("config", has(a, "config") ? show(a.config) : dash)));
+    table($("agents-table"), ["agent", "key", "attached banks", "auto-recall config"], rows, state.errors.agents || "no agents");
+    const select = $("preview-agent");
+    const chosen = select.value;
+    select.replaceChildren(...list.map((a) => h("option", {value: a.name}, a.name)));
+    if (list.some((a) => a.name === chosen)) select.value = chosen;
+  }
+
+  function render() {
+    renderNode(); renderOverview(); renderBanks(); renderBank(); renderPeers(); renderRefusals(); renderAgents();
+    const err = ALL.filter((k) => state.errors[k]).map((k) => `${k}: ${state.errors[k]}`).join(" · ");
+    $("load-error").textContent = err;
+    $("as-of").textContent = state.asOf.status ? `status as of ${state.asOf.status.toLocaleTimeString()}` : "";
+  }
+
+  // ------------------------------------------------------------------ tabs
+  function route() {
+    const hash = decodeURIComponent(location.hash.replace(/^#/, ""));
+    if (hash.startsWith("bank/")) { state.tab = "bank"; state.bank = hash.slice(5); }
+    else state.tab = ["overview", "banks", "peers", "refusals", "agents"].includes(hash) ? hash : "overview";
+    document.querySelectorAll(".tab").forEach((el) => { el.hidden = el.id !== `tab-${state.tab}`; });
+    document.querySelectorAll("#tabs a").forEach((a) => {
+      a.classList.toggle("active", a.dataset.tab === state.tab || (state.tab === "bank" && a.dataset.tab === "banks"));
+    });
+    document.body.dataset.tab = state.tab;
+    renderBank();
+  }
+
+  // ------------------------------------------------------------------ the token
+  function signOut(message) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    if (state.streamAbort) state.streamAbort.abort();
+    $("app").hidden = true;
+    $("logout").hidden = true;
+    $("login").hidden = false;
+    $("login-error").textContent = message || "";
+    setStream("idle", "not connected");
+  }
+
+  async function signIn() {
+    $("login").hidden = true;
+    $("app").hidden = false;
+    $("logout").hidden = false;
+    route();
+    try {
+      await load(ALL);
+    } catch (e) {
+      if (e instanceof Unauthorized) { signOut(`The token was refused: ${e.message}`); return; }
+    }
+    stream();
+  }
+
+  $("login-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const value = $("token-input").value.trim();
+    if (!value) return;
+    sessionStorage.setItem(TOKEN_KEY, value);
+    $("token-input").value = "";
+    signIn();
+  });
+  $("logout").addEventListener("click", () => signOut(""));
+  $("refusals-older").addEventListener("click", () => {
+    if (state.refusals && state.refusals.next !== null && state.refusals.next !== undefined) {
+      state.pages.push(state.refusals.next);
+      stale(["refusals"]);
+    }
+  });
+  $("refusals-newest").addEventListener("click", () => { state.pages = [null]; stale(["refusals"]); });
+  $("preview-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const agent = $("preview-agent").value;
+    const messages = $("preview-messages").value.split(/\r?\n/).filter((m) => m.trim());
+    const out = $("preview-block");
+    $("preview-error").textContent = "";
+    out.dataset.ready = "false";
+    try {
+      const data = await api("POST", `/v1/agents/${encodeURIComponent(agent)}/autorecall`, {messages});
+      out.textContent = data.block; // verbatim: exactly what the agent would get
+      const lines = (data.lines || []).map((l) => h("tr", {"data-testid": "preview-line"},
+        cell("text", l.text), cell("bank", l.bank || "own memory"), cell("key", l.key || dash),
+        cell("score", typeof l.score === "number" ? l.score.toPrecision(4) : num(l.score), {title: String(l.score)})));
+      table($("preview-lines"), ["line", "bank", "key", "score"], lines,
+        has(data, "lines") ? "no memory matched" : "this serve does not report lines");
+      out.dataset.ready = "true";
+    } catch (e) {
+      if (e instanceof Unauthorized) { signOut(e.message); return; }
+      $("preview-error").textContent = e.message;
+    }
+  });
+  window.addEventListener("hashchange", route);
+
+  if (token()) signIn(); else signOut("");
+})();

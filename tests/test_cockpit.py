@@ -1,0 +1,375 @@
+"""The cockpit page (node/api/static/) in a real headless Chromium against real `memmesh serve`
+processes: the token form, the same numbers as the API's JSON, live updates from the event
+stream without a reload (the 37-entry lag appearing then clearing, a forged entry's refusal),
+and the auto-recall preview equal byte for byte to what the API returns.
+
+The browser is Debian's ``chromium`` driven by playwright (the ``test`` extra); without either
+these tests skip, saying which is missing (.ci/run installs the browser). Screenshots are saved
+under each test's tmp_path. The first test needs neither: it checks the page's routes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from auth.keys import SigningKey
+from crdt.entry import sign_entry
+from node import Node
+from node.api.app import build_app
+from node.home import KEYS_DIR, PEER_KEY
+from node.keystore import load_key
+from node.sync import messages as m
+from node.sync.http import url_of
+from node.sync.protocol import Client
+from tests.procs import LinkProxy, Processes, Serve, processes, until
+from tests.test_sync_processes import _memory_payload, _wire
+
+CHROMIUM = Path(os.environ.get("MEMMESH_CHROMIUM", "/usr/bin/chromium"))  # Debian's package
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run"]
+LIVE_S = 15.0  # a change on the node shows on the page within this (events + one re-fetch)
+BANK = "project-notes"
+LAG = 37
+
+try:
+    from playwright.sync_api import Page, sync_playwright
+    _missing = None if CHROMIUM.exists() else (f"no browser at {CHROMIUM}: apt-get install --no-install-recommends "
+                                               f"chromium (or set MEMMESH_CHROMIUM)")
+except ImportError:
+    _missing = "playwright is not installed: pip install -e '.[test]'"
+needs_browser = pytest.mark.skipif(_missing is not None, reason=_missing or "")
+
+
+# ---------------------------------------------------------------------- the page's routes
+async def test_the_page_is_served_without_a_token_and_the_api_still_needs_it(tmp_path):
+    async def run(name: str, params: dict[str, Any]) -> Any:
+        raise AssertionError(f"no command runs for the page's files (ran {name})")
+
+    server = TestServer(build_app(run, "the-token"), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            base = str(server.make_url("")).rstrip("/")
+            for path, kind in (("/", "text/html"), ("/ui/app.js", "text/javascript"), ("/ui/app.css", "text/css")):
+                async with session.get(base + path) as resp:
+                    assert resp.status == 200 and resp.content_type == kind, (path, resp.status)
+                    body = await resp.text()
+                    assert "frame-ancestors 'none'" in resp.headers["Content-Security-Policy"]
+                    assert "http://" not in body and "https://" not in body  # nothing from elsewhere: works offline
+            for path in ("/ui/nothing.js", "/ui/..%2Fpage.py", "/ui/%2e%2e%2fapp.py", "/ui/"):
+                async with session.get(base + path) as resp:
+                    assert resp.status == 404, path
+                    assert (await resp.json())["error"]["code"] == "not_found"
+            async with session.post(base + "/") as resp:  # only GET is public
+                assert resp.status == 401
+            async with session.get(base + "/v1/status") as resp:  # the API behind it is not public
+                assert resp.status == 401
+    finally:
+        await server.close()
+
+
+# ---------------------------------------------------------------------- helpers
+def api(serve: Serve, method: str, path: str, body: Any = None) -> Any:
+    """One call to the serve's local HTTP API with its token; the answer's data."""
+    token = (serve.home / "api.token").read_text().strip()
+    req = urllib.request.Request(f"http://{serve.info['api']}{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())["data"]
+
+
+def open_page(context: Any, serve: Serve, shots: Path, name: str, address: str | None = None) -> "Page":
+    """The cockpit of ``serve`` (at ``address``, default its API's) in a new tab, signed in with
+    the home's token."""
+    page = context.new_page()
+    page.goto(f"http://{address or serve.info['api']}/")
+    page.wait_for_selector("[data-testid=token-input]")
+    page.fill("[data-testid=token-input]", (serve.home / "api.token").read_text().strip())
+    page.click("[data-testid=token-submit]")
+    page.wait_for_selector("[data-testid=overview-row]")
+    page.evaluate("window.__not_reloaded = true")  # gone if anything reloads the page
+    page.screenshot(path=str(shots / f"{name}-signed-in.png"), full_page=True)
+    return page
+
+
+def field(page: "Page", row: str, key: str, value: str, name: str) -> str:
+    return page.inner_text(f"[data-testid={row}][data-{key}='{value}'] [data-field={name}]").strip()
+
+
+def wait_field(page: "Page", row: str, key: str, value: str, name: str, want: str, what: str) -> None:
+    def shown() -> bool:
+        try:
+            return field(page, row, key, value, name) == want
+        except Exception:  # the row is being re-rendered
+            return False
+    until(shown, LIVE_S, lambda: f"{what}: the page shows {_safe(page, row, key, value, name)!r}, want {want!r}",
+          interval=0.1)
+
+
+def _safe(page: "Page", row: str, key: str, value: str, name: str) -> str:
+    try:
+        return field(page, row, key, value, name)
+    except Exception as exc:
+        return f"<{type(exc).__name__}>"
+
+
+def not_reloaded(page: "Page") -> bool:
+    return page.evaluate("window.__not_reloaded === true")
+
+
+@pytest.fixture
+def context(tmp_path) -> Iterator[Any]:
+    """A headless Chromium with a fresh profile of its own."""
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM),
+                                                    headless=True, args=FLAGS, viewport={"width": 1280, "height": 860})
+        ctx.set_default_timeout(LIVE_S * 1000)
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+# ---------------------------------------------------------------------- one node
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Iterator[Serve]:
+    """One serve: agent alpha with memories of its own and in bank notes (attached)."""
+    if _missing:
+        pytest.skip(_missing)
+    home = tmp_path_factory.mktemp("single") / "node"
+    node, _ = Node.init(home)
+    with node:
+        node.run("embedder.set", {"provider": "hashed"})
+        node.run("agent.new", {"name": "alpha"})
+        node.run("memory.new", {"name": "notes", "description": "team notes"})
+        node.run("memory.grant", {"bank": "notes", "agent": "alpha", "perm": "write"})
+        node.run("memory.attach", {"bank": "notes", "agent": "alpha"})
+        for key, value, bank in (
+                ("deploy process", "nix build && scp to prod; ask <ops> & wait — ünïcode *bold*", None),
+                ("deploy key", "the deploy key lives in the ops vault", "notes"),
+                ("vault rotation", "rotate the vault every 90 days", "notes")):
+            node.run("tool", {"agent": "alpha", "tool": "remember",
+                              "args": {"key": key, "value": value, **({"bank": bank} if bank else {})}})
+    with processes() as procs:
+        yield procs.serve(home).start().wait_ready()
+
+
+@pytest.mark.slow
+@needs_browser
+def test_the_page_asks_for_the_token_then_shows_the_status_numbers_live(single, context, tmp_path):
+    page = context.new_page()
+    page.goto(f"http://{single.info['api']}/")
+    page.wait_for_selector("[data-testid=token-input]")
+    assert page.is_hidden("#app")
+    page.fill("[data-testid=token-input]", "not-the-token")
+    page.click("[data-testid=token-submit]")
+    page.wait_for_selector("[data-testid=login-error]:not(:empty)")
+    assert "token" in page.inner_text("[data-testid=login-error]")
+    assert page.evaluate("sessionStorage.length") == 0  # a refused token is not kept
+    page.close()
+
+    page = open_page(context, single, tmp_path, "single")
+    token = (single.home / "api.token").read_text().strip()
+    assert token not in page.url and page.evaluate("sessionStorage.getItem('memmesh.token')") == token
+    status = api(single, "GET", "/v1/status")
+    for db in status["databases"]:
+        assert field(page, "overview-row", "db", db["id"], "entries") == str(db["entries"]), db
+    counts = status.get("node", {}).get("counts")
+    if counts is not None:
+        assert page.inner_text("#node-banks") == str(counts["banks"])
+        assert page.inner_text("#node-peers") == str(counts["peers"])
+
+    # A bank's detail: its facts and grants are the API's.
+    [notes] = [d for d in status["databases"] if d["name"] == "notes"]
+    page.click(f"[data-testid=overview-row][data-db='{notes['id']}'] a")
+    page.wait_for_selector("[data-testid=bank-facts]")
+    assert page.inner_text("[data-testid=bank-facts] [data-field=entries]") == str(notes["entries"])
+    if "grants" in notes:
+        assert page.locator("[data-testid=grant-row]").count() == len(notes["grants"])
+    page.screenshot(path=str(tmp_path / "single-bank.png"), full_page=True)
+
+    # A write on the node shows without a reload: the event stream says so, the page re-fetches.
+    page.goto(f"http://{single.info['api']}/#overview")  # same document: only the hash changes
+    page.evaluate("window.__not_reloaded = true")
+    api(single, "POST", "/v1/agents/alpha/tools/remember", {"key": "new", "value": "written while watched",
+                                                            "bank": "notes"})
+    wait_field(page, "overview-row", "db", notes["id"], "entries", str(notes["entries"] + 1), "the new entry")
+    assert page.get_attribute("[data-testid=stream-state]", "data-state") == "live"
+    assert not_reloaded(page)
+
+
+@pytest.mark.slow
+@needs_browser
+def test_the_autorecall_preview_is_the_block_the_api_returns_byte_for_byte(single, context, tmp_path):
+    page = open_page(context, single, tmp_path, "preview")
+    page.click("a[data-tab=agents]")
+    page.wait_for_selector("[data-testid=agent-row][data-agent=alpha]")
+    conversation = ["we ship on fridays", "how does the deploy process work?", "and where is the deploy key?"]
+    page.select_option("[data-testid=preview-agent]", "alpha")
+    page.fill("[data-testid=preview-messages]", "\n".join(conversation))
+    page.click("[data-testid=preview-run]")
+    page.wait_for_selector("[data-testid=preview-block][data-ready=true]")
+    shown = page.eval_on_selector("[data-testid=preview-block]", "e => e.textContent")
+    expected = api(single, "POST", "/v1/agents/alpha/autorecall", {"messages": conversation})
+    assert "## Relevant Memories" in expected["block"] and "_(from bank: notes)_" in expected["block"]
+    assert shown.encode("utf-8") == expected["block"].encode("utf-8")
+    if "lines" in expected:
+        rows = page.locator("[data-testid=preview-line]")
+        assert rows.count() == len(expected["lines"])
+        for i, line in enumerate(expected["lines"]):
+            assert rows.nth(i).locator("[data-field=text]").text_content() == line["text"]
+            assert rows.nth(i).locator("[data-field=bank]").text_content() == (line["bank"] or "own memory")
+    page.screenshot(path=str(tmp_path / "preview.png"), full_page=True)
+
+
+def stream_state(page: "Page") -> str:
+    return page.get_attribute("[data-testid=stream-state]", "data-state") or ""
+
+
+@pytest.mark.slow
+@needs_browser
+def test_the_page_shows_a_lost_stream_and_resumes_it_with_since(single, context, tmp_path):
+    proxy = LinkProxy(int(single.info["api"].rsplit(":", 1)[1]))  # between the browser and the API
+    proxy.start()
+    try:
+        streams: list[str] = []  # the URLs of the page's event-stream requests, from now on
+        page = open_page(context, single, tmp_path, "stream", address=f"127.0.0.1:{proxy.port}")
+        page.on("request", lambda r: streams.append(r.url) if "/v1/events" in r.url else None)
+        until(lambda: stream_state(page) == "live", LIVE_S, "the stream to connect")
+        [notes] = [d for d in api(single, "GET", "/v1/status")["databases"] if d["name"] == "notes"]
+
+        proxy.cut()  # the stream's connection drops; reconnecting is refused until heal
+        until(lambda: stream_state(page) == "disconnected", LIVE_S, "the page to show the lost stream")
+        assert "disconnected" in page.inner_text("[data-testid=stream-state]")
+        page.screenshot(path=str(tmp_path / "stream-lost.png"), full_page=True)
+        api(single, "POST", "/v1/agents/alpha/tools/remember", {"key": "while away", "value": "written while the "
+                                                                "page could not listen", "bank": "notes"})
+        proxy.heal()
+        wait_field(page, "overview-row", "db", notes["id"], "entries", str(notes["entries"] + 1),
+                   "the entry written while the stream was down")
+        until(lambda: stream_state(page) == "live", LIVE_S, "the stream to come back")
+        resumed = [u for u in streams if "since=" in u]
+        assert resumed, streams  # it asked for what it missed, from the last id it had seen
+        assert not_reloaded(page)
+    finally:
+        proxy.stop()
+
+
+# ---------------------------------------------------------------------- two nodes
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Iterator[tuple[Serve, Serve, Any, Any, Processes]]:
+    """A and B sharing BANK, each behind a fault proxy (what the other reaches it at)."""
+    if _missing:
+        pytest.skip(_missing)
+    root = tmp_path_factory.mktemp("pair")
+    homes = {n: root / n for n in "ab"}
+    for name, home in homes.items():
+        node, _ = Node.init(home)
+        with node:
+            node.run("embedder.set", {"provider": "none"})
+            node.run("agent.new", {"name": "alpha" if name == "a" else "gamma"})
+    with processes() as procs:
+        pa, pb = procs.proxy(), procs.proxy()
+        sa = procs.serve(homes["a"], advertise=pa.address, interval=0.5).start()
+        sb = procs.serve(homes["b"], advertise=pb.address, interval=0.5).start()
+        sa.wait_ready(), sb.wait_ready()
+        pa.retarget(sa.port), pb.retarget(sb.port)
+        sa.run("memory.new", {"name": BANK, "description": "shared notes"})
+        sa.run("memory.grant", {"bank": BANK, "agent": "alpha", "perm": "write"})
+        ticket = sa.run("memory.share", {"bank": BANK, "perm": "admin"}).data["ticket"]
+        sb.run("memory.import", {"ticket": ticket, "perm": "admin"})
+        yield sa, sb, pa, pb, procs
+
+
+def _feeds_only(proxy: Any) -> None:
+    """Let the feeds step through but refuse pulls and pushes (tests/faultproxy.py): both sides
+    learn each other's feed positions and no entry moves."""
+    proxy.refuse_paths(("/sync/v1/pull", "/sync/v1/push"))
+
+
+@pytest.mark.slow
+@needs_browser
+def test_a_37_entry_lag_appears_then_clears_without_a_reload(pair, context, tmp_path):
+    sa, sb, pa, pb, _procs = pair
+    [bank_a] = [d for d in api(sa, "GET", "/v1/status")["databases"] if d["name"] == BANK]
+    page_a = open_page(context, sa, tmp_path, "a")
+    page_b = open_page(context, sb, tmp_path, "b")
+    for page in (page_a, page_b):
+        wait_field(page, "overview-row", "db", bank_a["id"], "state", "in sync", "a first exchange before the fault")
+
+    _feeds_only(pa), _feeds_only(pb)
+    for i in range(LAG):
+        sa.run("remember", {"agent": "alpha", "key": f"held.{i}", "value": f"entry {i} held back", "bank": BANK})
+    wait_field(page_a, "overview-row", "db", bank_a["id"], "peer_lacks", str(LAG), "B lacking 37 on A's page")
+    wait_field(page_b, "overview-row", "db", bank_a["id"], "we_lack", str(LAG), "B lacking 37 on B's page")
+    assert page_a.inner_text("[data-testid=verdict]").startswith("1 of 1 shared bank is not in sync")
+    page_a.screenshot(path=str(tmp_path / "lag-a.png"), full_page=True)
+    page_b.screenshot(path=str(tmp_path / "lag-b.png"), full_page=True)
+    # The page's numbers are the API's.
+    [on_a] = [d for d in api(sa, "GET", "/v1/status")["databases"] if d["id"] == bank_a["id"]]
+    assert [p["peer_lacks"] for p in on_a["sync"]["peers"]] == [LAG]
+
+    pa.heal(), pb.heal()
+    for s in (sb, sa):  # an exchange now, whatever backoff the refused requests built up
+        s.run("sync", {"bank": BANK})
+    for page, name in ((page_a, "peer_lacks"), (page_b, "we_lack")):
+        wait_field(page, "overview-row", "db", bank_a["id"], name, "0", "the lag cleared after healing")
+        wait_field(page, "overview-row", "db", bank_a["id"], "state", "in sync", "the bank back in sync")
+        assert not_reloaded(page)
+    page_a.screenshot(path=str(tmp_path / "healed-a.png"), full_page=True)
+
+
+def _push(serve: Serve, key: SigningKey, db: str, entries: list[Any]) -> Any:
+    """A signed push to ``serve``'s sync API (what a peer's daemon sends), synchronously."""
+    client = Client(key)
+    out = client.request(serve.node_key, m.PushRequest(db, [_wire(e) for e in entries]))
+    req = urllib.request.Request(url_of(serve.address) + out.request.path, data=out.request.body, method="POST",
+                                 headers={**out.request.headers, "content-type": "application/msgpack"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            status, headers, body = resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        status, headers, body = exc.code, dict(exc.headers), exc.read()
+    return client.reply(out, status, {k.lower(): v for k, v in headers.items()}, body)[1]
+
+
+@pytest.mark.slow
+@needs_browser
+def test_a_forged_entry_pushed_by_a_peer_appears_under_refusals_live(pair, context, tmp_path):
+    sa, sb, _pa, _pb, _procs = pair
+    [bank] = [d for d in api(sb, "GET", "/v1/status")["databases"] if d["name"] == BANK]
+    page = open_page(context, sb, tmp_path, "refusals")
+    page.click("a[data-tab=refusals]")
+    before = page.locator("[data-testid=refusal-row]").count()
+
+    # A's peer key may read the bank, so B takes its push; the entry inside is signed by a key
+    # the bank never granted.
+    a_peer = load_key(sa.home / KEYS_DIR / PEER_KEY)  # read only: A's serve keeps running
+    stranger = SigningKey.generate()
+    forged = sign_entry(stranger, db=bank["id"], seq=0, prev=None, parents=list(bank["heads"]),
+                        ts=int(time.time() * 1000),
+                        payloads={"memory": _memory_payload(stranger, 0, {"key": "forged", "value": "never stored",
+                                                                          "tags": []})})
+    reply = _push(sb, a_peer, bank["id"], [forged])
+    assert sum(reply.refused.values()) == 1 and reply.stored == 0, reply
+
+    page.wait_for_selector(f"[data-testid=refusal-row][data-entry='{forged.id}']", timeout=LIVE_S * 1000)
+    assert page.locator("[data-testid=refusal-row]").count() == before + 1
+    row = f"[data-testid=refusal-row][data-entry='{forged.id}']"
+    [reason] = reply.refused
+    assert page.inner_text(f"{row} [data-field=reason]") == reason
+    assert page.get_attribute(f"{row} [data-field=source] .key", "title") == str(a_peer.public)
+    [listed] = [r for r in api(sb, "POST", "/v1/refusals", {})["refusals"] if r["entry"] == forged.id]
+    assert page.eval_on_selector(f"{row} pre.explain", "e => e.textContent") == listed["explain"]
+    assert not_reloaded(page)
+    page.screenshot(path=str(tmp_path / "refusal.png"), full_page=True)

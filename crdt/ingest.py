@@ -192,12 +192,12 @@ class Ingestion:
             self._load()
             raise
         finally:
-            self._refusals.record(refused, source)
+            self._refusals.record(refused, source, authors=authors)
             by_source: dict[str, list[tuple[str, str, str]]] = {}
             for src, entry_id, reason, detail in displaced:
                 by_source.setdefault(src, []).append((entry_id, reason, detail))
             for src, items in by_source.items():
-                self._refusals.record(items, src)
+                self._refusals.record(items, src, authors=authors)
         if rebuild:
             accepted_now = {e.id for e in staged if self.is_accepted(e.id)}
             result.accepted = [e.id for e in staged if e.id in accepted_now]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Mapping
 
 import msgpack
 
@@ -30,6 +31,7 @@ class Refusal:
     source: str  # who sent it: "peer:<key>", "local", "" when unknown
     at_ms: int  # wall-clock time it was refused (informational)
     seq: int = -1  # its number in this database's record, increasing: what paging goes by
+    author: str | None = None  # the signing key, when the bytes parsed far enough to name one
 
 
 class RefusalLog:
@@ -52,15 +54,17 @@ class RefusalLog:
             elif key == "counts":
                 self._counts = {s: dict(r) for s, r in msgpack.unpackb(value).items()}
             elif key.startswith("slot:"):
-                n, rid, reason, detail, source, at = msgpack.unpackb(value)
-                slots.append((n, Refusal(rid, reason, detail, source, at, n)))
+                n, rid, reason, detail, source, at, *rest = msgpack.unpackb(value)  # rest: author (newer slots)
+                slots.append((n, Refusal(rid, reason, detail, source, at, n, rest[0] if rest else None)))
         for _n, refusal in sorted(slots, key=lambda s: s[0]):
             self._by_id.pop(refusal.id, None)
             self._by_id[refusal.id] = refusal
         self._loaded = True
 
-    def record(self, items: list[tuple[str, str, str]], source: str, now_ms: int | None = None) -> None:
-        """Record refusals (id, reason, detail) from one source, durably, in one transaction."""
+    def record(self, items: list[tuple[str, str, str]], source: str, now_ms: int | None = None,
+               authors: Mapping[str, str] | None = None) -> None:
+        """Record refusals (id, reason, detail) from one source, durably, in one transaction;
+        ``authors`` names the signing key of those whose bytes parsed far enough."""
         if not items:
             return
         self._load()
@@ -75,9 +79,11 @@ class RefusalLog:
             counts_for = self._counts.setdefault(source_key, {})
         for rid, reason, detail in items:
             n = self._next
-            refusal = Refusal(rid, reason, detail[:MAX_DETAIL], source, at, n)
+            author = (authors or {}).get(rid)
+            refusal = Refusal(rid, reason, detail[:MAX_DETAIL], source, at, n, author)
             self._next += 1
-            writes[f"slot:{n % self._capacity:06d}"] = msgpack.packb([n, rid, reason, refusal.detail, source, at])
+            writes[f"slot:{n % self._capacity:06d}"] = msgpack.packb([n, rid, reason, refusal.detail, source, at,
+                                                                      author])
             self._by_id.pop(rid, None)
             self._by_id[rid] = refusal
             counts_for[reason] = counts_for.get(reason, 0) + 1

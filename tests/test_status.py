@@ -14,6 +14,7 @@ import pytest
 from auth.errors import MemmeshError
 from node import Node
 from node.sync.protocol import ExchangeStats
+from tests.dbkit import craft, key, rows_update
 from tests.procs import processes, until
 from tests.test_cli import mm
 
@@ -133,13 +134,23 @@ def test_refused_by_reason_and_refusals_paged_newest_first_with_explain(a, tmp_p
             assert row["explain"].startswith(f"{row['entry']} was refused (entry.signature)")
         text = b.run("refusals", {"limit": 2}).text
         assert "entry.signature" in text and "more: memmesh refusals --before" in text
+        # A bad signature names no author (the bytes' claim is unproven); a well-signed entry
+        # by a key the bank never granted names its author.
+        assert all(row["author"] is None for row in rows)
+        mallory = key(77)
+        bdb = b.database(db_id)
+        b_entry = craft(bdb, mallory, {"memory": rows_update(mallory, "memory", 0, [{"key": "x", "value": "y"}])})
+        bdb.ingest_entries([b_entry], source="peer:ed25519:mallory")
+        [row] = b.run("refusals", {"limit": 1}).data["refusals"]
+        assert (row["entry"], row["author"], row["reason"]) == (b_entry.id, str(mallory.public), "auth.unknown_key")
 
         # bad input: a clear line, nothing written
         for bad, words in (({"limit": 0}, "greater than or equal to 1"), ({"limit": 501}, "less than or equal to 500"),
                            ({"before": -1}, "greater than or equal to 0"), ({"before": "x"}, "before")):
             with pytest.raises(MemmeshError, match=words):
                 b.run("refusals", bad)
-        assert _bank(b.run("status", {}).data, db_id)["refused_by_reason"] == {"entry.signature": 5}
+        assert _bank(b.run("status", {}).data, db_id)["refused_by_reason"] == {"entry.signature": 5,
+                                                                               "auth.unknown_key": 1}
 
 
 def test_recall_share_of_memories_with_a_vector(a):

@@ -180,7 +180,7 @@ def refusals(node: "Node", p: Refusals) -> Result:
     for cursor, db_id, r in page:
         db = node.database(db_id)
         source = r.source[len("peer:"):] if r.source.startswith("peer:") else (r.source or "local")
-        rows.append({"cursor": cursor, "entry": r.id, "author": None, "db": db_id, "bank": node.agents.name_of(db_id),
+        rows.append({"cursor": cursor, "entry": r.id, "author": r.author, "db": db_id, "bank": node.agents.name_of(db_id),
                      "source": source, "reason": r.reason, "first_seen_ms": r.at_ms, "explain": db.explain(r.id)})
     more = len(found) > len(page)
     data = {"refusals": rows, "next": page[-1][0] if more and page else None}

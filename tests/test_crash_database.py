@@ -41,7 +41,9 @@ def test_kill_9_while_committing_loses_nothing_acknowledged(tmp_path):
     home = tmp_path / "node"
     all_acked: dict[int, str] = {}
     kills_after_writes = 0
-    for _ in range(22):
+    # 14 kills keep the suite short; MEMMESH_CRASH_ROUNDS=200 (with other seeds) digs deeper.
+    rounds = int(os.environ.get("MEMMESH_CRASH_ROUNDS", "14"))
+    for _ in range(rounds):
         start, acked = _run_and_kill(home, rng.uniform(0.02, 0.3))
         all_acked.update(acked)
         kills_after_writes += bool(acked)
@@ -57,5 +59,5 @@ def test_kill_9_while_committing_loses_nothing_acknowledged(tmp_path):
                 assert start <= len(rows)
         finally:
             storage.close()
-    assert kills_after_writes >= 15, "the writer should have been killed mid-stream most times"
-    assert len(all_acked) > 50
+    assert kills_after_writes >= rounds * 2 // 3, "the writer should have been killed mid-stream most times"
+    assert len(all_acked) > 30, len(all_acked)

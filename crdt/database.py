@@ -300,6 +300,12 @@ class Database(Ingestion, DerivedState):
         node = self._nodes.get(entry_id)
         return node.height if node else None
 
+    def precedes(self, earlier: str, later: str) -> bool:
+        """Whether entry ``earlier`` is in the causal past of entry ``later`` (both stored)."""
+        a, b = self._nodes.get(earlier), self._nodes.get(later)
+        return (a is not None and b is not None and a.entry.id != b.entry.id
+                and b.vv.get(a.author_key, -1) >= a.entry.seq)
+
     def on_stored(self, listener: Callable[[tuple[str, ...]], None]) -> Callable[[], None]:
         """Call ``listener(ids)`` after each commit that stored entries (local or received);
         returns a function that removes it. This is what the sync daemon pushes from."""

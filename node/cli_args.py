@@ -17,6 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from auth.errors import MemmeshError
@@ -81,7 +82,10 @@ def _shape(annotation: Any) -> tuple[str, Any]:
     if annotation is bool:
         return "bool", None
     if origin is list:
-        return "list", None
+        # A list of objects (edges): each repetition of the option is one JSON object.
+        (item,) = typing.get_args(annotation) or (str,)
+        objects = item is dict or typing.get_origin(item) is dict or (isinstance(item, type) and issubclass(item, BaseModel))
+        return "list", "json" if objects else None
     if annotation is dict or origin is dict:
         return "dict", None
     if origin is typing.Literal:
@@ -138,6 +142,8 @@ def command_of(args: argparse.Namespace, registry: Registry = REGISTRY) -> tuple
             value = os.path.abspath(value)
         elif _shape(field.annotation)[0] == "dict":
             value = _from_json(f"{name} ({field.description})" if field.description else name, value)
+        elif _shape(field.annotation) == ("list", "json"):
+            value = [_from_json(f"{name} ({field.description})" if field.description else name, v) for v in value]
         params[name] = value
     return cmd.name, params
 

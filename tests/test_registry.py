@@ -81,7 +81,7 @@ def test_unknown_params_are_refused_clearly_and_change_nothing(node):
     ("memory.config", {"agent": "alpha", "action": "set", "key": "max_entries"}, "set needs a key and a value"),
     ("tool", {"agent": "alpha", "tool": "nope"}, "tool should be"),
     ("tool", {"agent": "alpha", "tool": "remember", "args": {"key": "k", "value": "v", "colour": 1}},
-     "remember does not take colour; it takes bank, key, tags, value"),
+     "remember does not take colour; it takes bank, category, confidence, edges, entities, importance, key, source, supersedes, tags, valid_from, valid_to, value"),
     ("tool", {"agent": "alpha", "tool": "recall", "args": []}, "args should be an object"),
     ("embedder.set", {"provider": "openai", "api_key": 12345}, "api_key should be a valid string"),
     ("status", [], "takes a JSON object"),
@@ -164,7 +164,9 @@ def test_run_by_name_with_json_params_gives_what_the_cli_prints(tmp_path):
     mm("agent", "new", "alpha", home=home)
     mm("remember", "alpha", "deploy process", "nix build", "--tag", "ops", home=home)
     for argv, name, params in [
-        (["recall", "alpha", "deploy"], "recall", '{"agent": "alpha", "query": "deploy"}'),
+        # --no-count: a counted recall would change the access counts between the two calls
+        (["recall", "alpha", "deploy", "--no-count"], "recall",
+         '{"agent": "alpha", "query": "deploy", "no_count": true}'),
         (["memory", "config", "alpha", "show"], "memory.config", '{"agent": "alpha", "action": "show"}'),
         (["tool", "alpha", "list_memory_banks"], "tool", '{"agent": "alpha", "tool": "list_memory_banks"}'),
     ]:

@@ -23,6 +23,7 @@ from node.commands import banks  # noqa: F401
 from node.commands import config  # noqa: F401
 from node.commands import settings  # noqa: F401
 from node.commands import reindex  # noqa: F401
+from node.commands import usage  # noqa: F401
 from node.commands import audit  # noqa: F401
 from node.commands import sync  # noqa: F401
 from node.commands import chat  # noqa: F401

@@ -13,7 +13,7 @@ from node.memory.service import perm_name
 if TYPE_CHECKING:
     from node.library import Node
 
-REGISTRY.group("memory", "memory banks: new, list, delete, grant, revoke, attach, detach, config, reindex")
+REGISTRY.group("memory", "memory banks: new, list, delete, grant, revoke, attach, detach, config, reindex, stats")
 
 
 class MemoryNew(Params):

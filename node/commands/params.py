@@ -86,7 +86,7 @@ def describe(what: str, model: type[Params], exc: ValidationError) -> str:
     if missing:
         parts.append(f"{what} needs {' and '.join(missing)}")
     if unknown:
-        takes = ", ".join(sorted(model.model_fields)) or "nothing"
+        takes = ", ".join(sorted(f.alias or n for n, f in model.model_fields.items())) or "nothing"
         parts.append(f"{what} does not take {', '.join(sorted(unknown))}; it takes {takes}")
     for e in exc.errors():
         if e["type"] in ("missing", "extra_forbidden"):

@@ -8,15 +8,29 @@ model, extended, so no argument is declared twice.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, ConfigDict, Field
 
-from node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, parse
+from node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, ParamsError, parse
 from node.commands.registry import command
 from node.commands.result import Result, json_text
-from node.memory.rows import MAX_KEY_CHARS, MAX_TAG_CHARS, MAX_TAGS, MAX_VALUE_CHARS
+from node.memory.rows import (
+    MAX_ENTITIES,
+    MAX_KEY_CHARS,
+    MAX_SCORE,
+    MAX_TAG_CHARS,
+    MAX_TAGS,
+    MAX_VALUE_CHARS,
+    MIN_SCORE,
+    SOURCES,
+    MemoryInputError,
+    check_slug,
+    check_time,
+)
+from node.memory.timeline import Filters
 from node.memory.view import DEFAULT_LIMIT, MAX_LIMIT
 from node.settings import check_tool
 
@@ -28,21 +42,76 @@ Tags = Annotated[list[str], Cli(flag="--tag"), Field(
     description=f"up to {MAX_TAGS} tags of 1-{MAX_TAG_CHARS} characters")]
 
 
+def _rule(check: Callable[[str, Any], Any], what: str) -> AfterValidator:
+    """A field checked by the rule node/memory/rows.py applies to the row (one rule, one wording)."""
+    def run(value: Any) -> Any:
+        if value is not None:
+            try:
+                check(what, value)
+            except MemoryInputError as exc:
+                # The error line shows the value itself ("(got ...)"): keep the rule only.
+                raise ValueError(str(exc).removeprefix(f"{what} ").rsplit(", got ", 1)[0]) from None
+        return value
+    return AfterValidator(run)
+
+
+Score = Annotated[int | None, Field(ge=MIN_SCORE, le=MAX_SCORE)]
+WorldTime = Annotated[str | None, _rule(check_time, "time")]
+
+
+class EdgeArg(Params):
+    type: Annotated[str, _rule(check_slug, "type"), Field(description="the link's type, a lowercase slug")]
+    to: Annotated[str, Field(min_length=1, description="a memory key in the same bank, or BANK:KEY")]
+
+
 class RememberArgs(Params):
     key: Annotated[str, Cli(positional=True), Field(
         description=f"the memory's key, 1-{MAX_KEY_CHARS} characters; a newer memory with the same key supersedes it")]
     value: Annotated[str, Cli(positional=True), Field(description=f"what to remember, 1-{MAX_VALUE_CHARS} characters")]
     tags: Tags = []
     bank: OptionalBank = None
+    category: Annotated[str | None, _rule(check_slug, "category"), Field(
+        description="a lowercase slug such as preference, decision, lesson, fact")] = None
+    confidence: Annotated[Score, Field(description=f"how sure, {MIN_SCORE}-{MAX_SCORE}; a merge never lowers it")] = None
+    importance: Annotated[Score, Field(description=f"how much it matters, {MIN_SCORE}-{MAX_SCORE}")] = None
+    entities: Annotated[list[str], Cli(flag="--entity"), Field(
+        description=f"up to {MAX_ENTITIES} names of things it is about")] = []
+    edges: Annotated[list[EdgeArg], Cli(flag="--edge", metavar="JSON"), Field(
+        description="typed links: [{\"type\": slug, \"to\": KEY or BANK:KEY}]")] = []
+    valid_from: Annotated[WorldTime, Field(description="ISO 8601: since when the fact holds in the world")] = None
+    valid_to: Annotated[WorldTime, Field(
+        description="ISO 8601: until when it holds (exclusive); a past date retires the fact")] = None
+    supersedes: Annotated[list[str], Cli(flag="--supersedes"), Field(
+        description="keys of other memories of the bank this one retires")] = []
+    source: Annotated[Literal[SOURCES] | None, Field(  # type: ignore[valid-type]
+        description="where it comes from; unrecorded reads as inferred")] = None
 
 
 class RecallArgs(Params):
+    model_config = ConfigDict(populate_by_name=True)
+
     query: Annotated[str, Cli(positional=True), Field(
         description="what to look for; empty: the newest memories")] = ""
     tags: Annotated[list[str], Cli(flag="--tag"), Field(
         description="only memories carrying all these tags (compared case-insensitively)")] = []
     limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description="how many memories at most")] = DEFAULT_LIMIT
     bank: OptionalBank = None
+    as_of: Annotated[WorldTime, Field(
+        description="ISO 8601: what held in the world then, by valid_from/valid_to")] = None
+    from_: Annotated[WorldTime, Cli(flag="--from"), Field(
+        alias="from", description="ISO 8601: start of a period; memories valid or written in it")] = None
+    to: Annotated[WorldTime, Field(description="ISO 8601: end of the period (inclusive)")] = None
+    category: Annotated[str | None, _rule(check_slug, "category"), Field(
+        description="only memories of this category")] = None
+    min_confidence: Annotated[Score, Field(description="only memories at least this confident")] = None
+
+    def filters(self, now: int) -> Filters:
+        """The view's filters; ``now``: the caller's clock (it only hides facts whose end passed)."""
+        when = {k: None if v is None else check_time(k, v)
+                for k, v in (("as_of", self.as_of), ("from", self.from_), ("to", self.to))}
+        if when["from"] is not None and when["to"] is not None and when["from"] > when["to"]:
+            raise ParamsError(f"recall: from ({self.from_}) must not be after to ({self.to})")
+        return Filters(self.category, self.min_confidence, when["as_of"], when["from"], when["to"], now)
 
 
 @dataclass(frozen=True)
@@ -56,12 +125,18 @@ class Tool:
 # comes through these functions, so none can skip it.
 def _remember(node: "Node", agent: "Agent", a: RememberArgs) -> dict[str, Any]:
     check_tool(node, agent.name, "remember")
-    return node.memory.remember(agent, a.key, a.value, a.tags, a.bank)
+    return node.memory.remember(
+        agent, a.key, a.value, a.tags, a.bank, supersedes=a.supersedes, category=a.category,
+        confidence=a.confidence, importance=a.importance, entities=a.entities or None,
+        edges=[e.model_dump() for e in a.edges] or None, valid_from=a.valid_from, valid_to=a.valid_to,
+        source=a.source)
 
 
-def _recall(node: "Node", agent: "Agent", a: RecallArgs, include_superseded: bool = False) -> dict[str, Any]:
+def _recall(node: "Node", agent: "Agent", a: RecallArgs, include_superseded: bool = False,
+            count: bool = True) -> dict[str, Any]:
     check_tool(node, agent.name, "recall")
-    return node.memory.recall(agent, a.query, a.tags, a.limit, a.bank, include_superseded=include_superseded)
+    return node.memory.recall(agent, a.query, a.tags, a.limit, a.bank, include_superseded=include_superseded,
+                              count=count, filters=a.filters(time.time_ns() // 1_000_000))
 
 
 def _list_banks(node: "Node", agent: "Agent", a: NoParams) -> dict[str, Any]:
@@ -107,11 +182,15 @@ def remember(node: "Node", p: Remember) -> Result:
 class Recall(RecallArgs, AgentParams):
     include_superseded: Annotated[bool, Cli(flag="--all"), Field(
         description="also list rows superseded by a newer row for the same key")] = False
+    # Scripts that inspect memories should not make them look used; the agent tool always counts.
+    no_count: Annotated[bool, Cli(flag="--no-count"), Field(
+        description="do not count this recall in the memories' access counts")] = False
 
 
 @command("recall", Recall, "search memories (shortcut for the recall tool)")
 def recall(node: "Node", p: Recall) -> Result:
-    data = _recall(node, node.agents.agent(p.agent), p, include_superseded=p.include_superseded)
+    data = _recall(node, node.agents.agent(p.agent), p, include_superseded=p.include_superseded,
+                   count=not p.no_count)
     return Result(data, render_memories(data), list(data.get("warnings", [])))
 
 

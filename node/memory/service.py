@@ -8,6 +8,7 @@ is stored without a vector, with a warning) or on read (BM25 only, with a warnin
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -15,13 +16,17 @@ import numpy as np
 from auth.errors import AuthError
 from auth.permissions import Permission
 from crdt.database import Database
+from node.memory.access import AccessCounts
 from node.memory.agents import Agent, Agents, agent_state
 from node.memory.embedders import Embedder, EmbedderError
 from node.memory.rows import MEMORY_STORE, embedding_value, memory_value
+from node.memory.saving import plan_write
+from node.memory.scope import by_precedence
+from node.memory.timeline import Filters
 from node.memory.tokens import autorecall_query_tokens
-from node.memory.view import DEFAULT_LIMIT, MemoryView
+from node.memory.view import DEFAULT_LIMIT, MAX_LIMIT, MemoryView
 from node.registry import NameError_
-from node.settings import memory_defaults
+from node.settings import applied, memory_defaults
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,7 @@ class MemoryService:
         self.agents = agents
         self.embedder = embedder
         self._views: dict[str, MemoryView] = {}
+        self.access = AccessCounts(agents.home.storage)
 
     def close(self) -> None:
         for view in self._views.values():
@@ -69,9 +75,18 @@ class MemoryService:
 
     # ------------------------------------------------------------------ tools
     def remember(self, agent: Agent, key: str, value: str, tags: Sequence[str] = (),
-                 bank: str | None = None) -> dict[str, Any]:
-        row = memory_value(key, value, tags if tags is not None else ())
+                 bank: str | None = None, *, supersedes: Sequence[str] = (),
+                 now: int | None = None, **fields: Any) -> dict[str, Any]:
+        """``fields``: the optional row fields (node/memory/rows.py); dedup, merge and
+        supersession as node/memory/saving.py decides. ``now`` (ms): the caller's clock."""
+        memory_value(key, value, tags if tags is not None else (), **fields)  # bad input fails first
         target = self.agents.open_for(agent, bank, "write")
+        plan = plan_write(self.view(target.db), key, value, tags if tags is not None else (),
+                          supersedes=supersedes, now=_now_ms() if now is None else now, **fields)
+        if plan.row is None:
+            return {"ok": True, "key": plan.current.key, "bank": target.name, "entry": plan.current.entry_id,
+                    "embedded": False, "warnings": [], "deduplicated": True, "merged_into": plan.current.key}
+        row = plan.row
         warnings: list[str] = []
         vector = self._embed(f"{row['key']} {row['value']}", warnings, "write")
         txn = target.db.transaction(agent.key)
@@ -86,6 +101,8 @@ class MemoryService:
             "entry": entry_id,
             "embedded": vector is not None,
             "warnings": warnings,
+            **({"merged": True} if plan.merged else {}),
+            **({"supersedes": plan.superseded} if plan.superseded else {}),
         }
 
     def recall(
@@ -96,12 +113,21 @@ class MemoryService:
         limit: int = DEFAULT_LIMIT,
         bank: str | None = None,
         include_superseded: bool = False,
+        count: bool = True,
+        filters: Filters | None = None,
     ) -> dict[str, Any]:
-        """Arguments are checked by the recall tool's model and again by the view."""
+        """Arguments are checked by the recall tool's model and again by the view. ``count``:
+        count this recall in the access counts of the memories it returns (node/memory/access.py)."""
         target = self.agents.open_for(agent, bank, "read")
         warnings: list[str] = []
-        found = self._search(target.db, query, tags, limit, warnings, include_superseded)
-        memories = [m.to_dict(target.name) for m in found]
+        if filters is None:
+            filters = Filters(now=_now_ms())
+        found = self._search(target.db, query, tags, limit, warnings, include_superseded, filters=filters)
+        counted = self.access.record([(target.db.id, m.key) for m in found], "recall") if count else {}
+        view = self.view(target.db)
+        memories = [{**m.to_dict(target.name), **view.relations(m),
+                     **(counted.get((target.db.id, m.key)) or self.access.get(target.db.id, m.key)).fields()}
+                    for m in found]
         if memories:
             message = f"Found {len(memories)} memor{'y' if len(memories) == 1 else 'ies'}"
         else:
@@ -115,7 +141,8 @@ class MemoryService:
 
     def _search(self, db: Database, query: str, tags: Sequence[str], limit: int,
                 warnings: list[str], include_superseded: bool = False,
-                vectors: dict[str, np.ndarray | None] | None = None, with_scores: bool = False):
+                vectors: dict[str, np.ndarray | None] | None = None, with_scores: bool = False,
+                filters: Filters | None = None):
         """Recall in one database. ``vectors`` caches the query's embedding across the
         databases of one call (auto-recall searches several), so it is computed once."""
         view = self.view(db)
@@ -126,7 +153,7 @@ class MemoryService:
                 cache[query] = self._embed(query, warnings, "read")
             vector = cache[query]
         return view.recall(query, tags=tags, limit=limit, query_vector=vector,
-                           include_superseded=include_superseded, with_scores=with_scores)
+                           include_superseded=include_superseded, with_scores=with_scores, filters=filters)
 
     def list_banks(self, agent: Agent) -> dict[str, Any]:
         own = perm_name(self._perm_on(agent, agent.db.id))
@@ -181,22 +208,41 @@ class MemoryService:
         warnings: list[str] = []
         lines: list[dict[str, Any]] = []
         vectors: dict[str, np.ndarray | None] = {}
-        for m, score in self._search(agent.db, query, (), limit, warnings, vectors=vectors, with_scores=True):
-            lines.append({"text": _line(m.key, m.value, None), "key": m.key, "bank": None, "db": agent.db.id,
-                          "score": score})
+        # Scope precedence (node/memory/scope.py): stores closest first, and a memory key shown
+        # from a closer store is not shown again; a store is asked for as many more as it may
+        # lose that way, so it still fills its max_entries with other keys.
+        shown: set[str] = set()
+
+        def add(db: Database, bank: str | None) -> None:
+            hits = self._search(db, query, (), min(limit + len(shown), MAX_LIMIT), warnings,
+                                vectors=vectors, with_scores=True, filters=Filters(now=_now_ms()))
+            fresh = [(m, score) for m, score in hits if m.key not in shown][:limit]
+            for m, score in fresh:
+                lines.append({"text": _line(m.key, m.value, bank), "key": m.key, "bank": bank, "db": db.id,
+                              "score": score})
+            shown.update(m.key for m, _score in fresh)
+
+        add(agent.db, None)
         for db_id in self._recall_banks(agent, state, session):
             try:
                 target = self.agents.open_for(agent, db_id, "read")
             except (AuthError, NameError_):
                 continue  # banks the agent cannot open (or no longer knows) are skipped silently
-            for m, score in self._search(target.db, query, (), limit, warnings, vectors=vectors, with_scores=True):
-                lines.append({"text": _line(m.key, m.value, target.name), "key": m.key, "bank": target.name,
-                              "db": target.db.id, "score": score})
+            add(target.db, target.name)
         if not lines:
             return "", []
+        self.access.record([(line["db"], line["key"]) for line in lines], "injection")
         return "## Relevant Memories\n\n" + "\n".join(line["text"] for line in lines) + "\n", lines
 
     def _recall_banks(self, agent: Agent, state, session: str | None) -> list[str]:
+        """The banks auto-recall searches, closest first (node/memory/scope.py)."""
+        spec = applied(self.agents.home).agent(agent.name)
+        defaults = [rec.db_id for name in (spec.default_memory_banks if spec else [])
+                    if (rec := self.agents.home.registry.bank(name)) is not None]
+        in_session = state.attached.get(session, []) if session is not None else []
+        return by_precedence(self._searched_banks(agent, state, session), in_session, defaults)
+
+    def _searched_banks(self, agent: Agent, state, session: str | None) -> list[str]:
         chosen = state.config.get("auto_recall_banks") or []
         if chosen:
             ids = []
@@ -237,6 +283,10 @@ class MemoryService:
             if progress:
                 progress(done, total)
         return {"embedded": done, "store": self.embedder.store_name}
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _line(key: str, value: str, bank: str | None) -> str:

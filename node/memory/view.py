@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -75,6 +75,7 @@ from .bm25 import InvertedIndex, _release_freed_memory
 from .fusion import RRF_K, rank_candidates, rrf
 from .rows import (
     MEMORY_STORE,
+    SUPERSEDES,
     Memory,
     MemoryInputError,
     is_embedding_store,
@@ -83,6 +84,7 @@ from .rows import (
     parse_embeddings,
     parse_memory,
 )
+from .timeline import Filters, held_at
 from .tokens import document_text, tokenize
 from .vectors import VectorIndex
 
@@ -96,6 +98,8 @@ RRF_DEPTH = 100  # each list is taken to depth max(limit, RRF_DEPTH) before fusi
 
 Order = tuple[int, str, int]
 _EMPTY: frozenset[int] = frozenset()
+_NEVER: Order = (-1, "", -1)  # before every row in T order
+_NO_FILTERS = Filters()
 
 
 @contextmanager
@@ -221,7 +225,9 @@ class _Index:
         return any(doc in index for index in self.vectors.values())
 
     def rank(self, tokens: list[str], need: frozenset[str], limit: int,
-             query_vector: np.ndarray | None) -> list[tuple[Memory, float]]:
+             query_vector: np.ndarray | None,
+             keep: Callable[[Memory], bool] | None = None) -> list[tuple[Memory, float]]:
+        """``keep``: a further filter on the memory (category, time), applied like the tags."""
         tiebreak = self.tiebreak.__getitem__
         allowed = None
         if need:
@@ -231,11 +237,18 @@ class _Index:
             if not permitted:
                 return []
             allowed = permitted.__contains__
+        selective = allowed is not None and 4 * len(permitted) < len(self.mem)
+        if keep is not None:
+            mem_of, tag_ok = self.mem.get, allowed
+
+            def allowed(doc: int) -> bool:
+                m = mem_of(doc)
+                return m is not None and (tag_ok is None or tag_ok(doc)) and keep(m)
         if not tokens:
-            if allowed is not None and 4 * len(permitted) < len(self.mem):
+            if selective:
                 # A selective filter: rank just the permitted docs (all of them current).
                 ids = np.fromiter(permitted, dtype=np.int64, count=len(permitted))
-                allowed = None
+                allowed = None if keep is None else allowed
             else:
                 ids = np.flatnonzero(self.alive[: self.n])
             hits = rank_candidates(ids, self.height[ids], limit=limit, allowed=allowed, tiebreak=tiebreak)
@@ -300,9 +313,14 @@ class MemoryView:
         query_vector: np.ndarray | None = None,
         include_superseded: bool = False,
         with_scores: bool = False,
+        filters: Filters | None = None,
     ) -> list[Memory] | list[tuple[Memory, float]]:
         """Best-first memories for ``query`` (see the module docstring for the exact rules);
-        ``with_scores``: (memory, score) pairs, the score that ranked it (BM25, or RRF when fused)."""
+        ``with_scores``: (memory, score) pairs, the score that ranked it (BM25, or RRF when fused).
+
+        ``filters`` (node.memory.timeline): category, min_confidence, a period, the caller's
+        now; with ``as_of``, the candidates are the rows that held then (one per key at most),
+        ranked over the whole history's index."""
         if query is None:
             query = ""
         if not isinstance(query, str):
@@ -316,9 +334,60 @@ class MemoryView:
                         len(qv), self._store, self._dim)
             qv = None
         tokens = tokenize(query)
-        index = self._scan() if include_superseded else self._current_index()
-        hits = index.rank(tokens, need, int(limit), qv)
+        keep = None
+        if filters is not None and filters.as_of is not None:
+            index = self._scan()
+            held = {m.row_key for m in self.held_at(filters.as_of)}
+            keep = lambda m: m.row_key in held and filters.keep(m)  # noqa: E731
+        else:
+            index = self._scan() if include_superseded else self._current_index()
+            if filters is not None and filters != _NO_FILTERS:
+                keep = filters.keep
+        hits = index.rank(tokens, need, int(limit), qv, keep)
         return hits if with_scores else [m for m, _score in hits]
+
+    def current(self, key: str) -> Memory | None:
+        """The current row of a memory key (newest in T order, not retired), or None."""
+        ix = self._current_index()
+        doc = self._current.get(key)
+        return None if doc is None else ix.mem[doc]
+
+    def timeline(self, key: str) -> list[Memory]:
+        """The key's rows and the tombstones naming it, newest first in T order."""
+        self._current_index()
+        rows = self._history.get(key, []) + self._tombs.get(key, [])
+        return sorted(rows, key=lambda m: m.order, reverse=True)
+
+    def held_at(self, t: int) -> list[Memory]:
+        """Per key, the row that held at world time ``t`` (node.memory.timeline.held_at)."""
+        self._current_index()
+        out = []
+        for key in self._history:
+            m = held_at(key, self.timeline(key), t)
+            if m is not None:
+                out.append(m)
+        return out
+
+    def relations(self, m: Memory) -> dict[str, Any]:
+        """``superseded_by`` (the next row of m's timeline, when m is not current) and
+        ``conflicts`` (rows of m's key concurrent with m: neither entry in the other's causal
+        past), as result fields; empty when there are none."""
+        out: dict[str, Any] = {}
+        timeline = self.timeline(m.key)
+        if self.current(m.key) != m:
+            newer = [r for r in timeline if r.order > m.order]
+            if newer:
+                out["superseded_by"] = {"key": newer[-1].key, "entry": newer[-1].entry_id}
+        db = self._db
+        conflicts = [
+            {"value": r.value, "entry": r.entry_id, "written_by": r.author}
+            for r in timeline
+            if r.key == m.key and r.entry_id != m.entry_id
+            and not db.precedes(r.entry_id, m.entry_id) and not db.precedes(m.entry_id, r.entry_id)
+        ]
+        if conflicts:
+            out["conflicts"] = conflicts
+        return out
 
     def memories(self, *, include_superseded: bool = False) -> list[Memory]:
         """Current memories (every well-formed row with include_superseded), newest first."""
@@ -345,6 +414,10 @@ class MemoryView:
     def _reset(self) -> None:
         self._ix = _Index()
         self._current: dict[str, int] = {}  # memory key -> doc of its current row
+        self._history: dict[str, list[Memory]] = {}  # memory key -> every well-formed row of it
+        self._tombs: dict[str, list[Memory]] = {}  # key -> rows of other keys superseding it
+        self._newest: dict[str, Memory] = {}  # key -> its newest row (current unless retired)
+        self._retired: dict[str, Order] = {}  # key -> T order of the newest tombstone naming it
         self._seen: set[str] = set()  # row keys of every memory row seen (malformed ones too)
         self._pending: dict[str, dict[int, tuple[Order, np.ndarray]]] = {}  # row -> length -> vec
 
@@ -360,17 +433,19 @@ class MemoryView:
         self._all = None
         self._reset()
         with _gc_paused():
-            newest: dict[str, Memory] = {}
+            newest = self._newest
             seen = self._seen
             for rec in self._db.rows(MEMORY_STORE):
                 seen.add(rec.key)
                 m = parse_memory(rec)
                 if m is not None:
+                    self._note(m)
                     cur = newest.get(m.key)
                     if cur is None or m.order > cur.order:
                         newest[m.key] = m
-            current = sorted(newest.values(), key=lambda m: m.order)
-            del newest
+            retired = self._retired
+            current = sorted((m for m in newest.values() if retired.get(m.key, _NEVER) < m.order),
+                             key=lambda m: m.order)
             first = self._ix.n
             self._ix.insert_many(current)
             self._current = {m.key: doc for doc, m in enumerate(current, first)}
@@ -437,15 +512,37 @@ class MemoryView:
         m = parse_memory(rec)
         if m is None:
             return
-        cur = self._current.get(m.key)
+        for target in self._note(m):
+            cur = self._current.get(target)
+            if cur is not None and self._ix.mem[cur].order < m.order:
+                self._ix.retire(cur)  # retired by a newer row's supersedes edge
+                del self._current[target]
+        newest = self._newest.get(m.key)
+        if newest is not None and newest.order >= m.order:
+            return  # an older row arriving late: superseded from the start
+        self._newest[m.key] = m
+        cur = self._current.pop(m.key, None)
         if cur is not None:
-            if self._ix.mem[cur].order >= m.order:
-                return  # an older row arriving late: superseded from the start
             self._ix.retire(cur)
+        if self._retired.get(m.key, _NEVER) > m.order:
+            return  # a newer row of another key retired this key
         doc = self._current[m.key] = self._ix.insert(m)
         if pending:
             for order, vec in pending.values():
                 self._ix.index_vector(doc, order, vec)
+
+    def _note(self, m: Memory) -> list[str]:
+        """Record m in its key's history and as a tombstone of the other keys it supersedes;
+        returns those keys."""
+        self._history.setdefault(m.key, []).append(m)
+        targets = []
+        for edge in m.edges:
+            if edge.type == SUPERSEDES and edge.to != m.key and edge.to not in targets:
+                targets.append(edge.to)
+                self._tombs.setdefault(edge.to, []).append(m)
+                if self._retired.get(edge.to, _NEVER) < m.order:
+                    self._retired[edge.to] = m.order
+        return targets
 
     def _add_vector(self, rec: RowRecord) -> None:
         parsed = parse_embedding(rec, self._dim)

@@ -1,0 +1,77 @@
+"""World time and recall filters: which memories held when, and which a recall keeps.
+
+Two clocks, kept apart (docs/memory.md, "Time"):
+
+* **Causal time** is T order (height, entry id, clock): which row of a key is newer. It decides
+  supersession and is the same on every replica.
+* **World time** is ``valid_from`` / ``valid_to`` (when the fact holds in the world, given by
+  whoever wrote it) and the entry's signed timestamp (when it was written). Both are data of
+  signed entries, so a filter on them gives the same answer on every replica for the same
+  question. Nothing here reads a clock: "now" is a parameter the caller passes.
+
+A key's **timeline** is its rows plus the *tombstones* naming it (rows of other keys whose
+``supersedes`` edges retire it), newest first in T order. What held at world time ``t``: the
+newest entry of the timeline already in force at ``t`` (``valid_from`` absent or <= ``t``)
+decides; a row holds if ``t`` is before its ``valid_to``, a tombstone says nothing held. So a
+newer row takes over from its ``valid_from`` on, and older rows still answer for earlier times.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .rows import Memory
+
+__all__ = ["Filters", "held_at", "overlaps"]
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Recall's optional filters; times are ms since the epoch (UTC)."""
+
+    category: str | None = None
+    min_confidence: int | None = None
+    as_of: int | None = None  # world time: what held then
+    start: int | None = None  # a period, inclusive at both ends
+    end: int | None = None
+    now: int | None = None  # the caller's clock: hides facts whose valid_to has passed
+
+    @property
+    def period(self) -> bool:
+        return self.start is not None or self.end is not None
+
+    def keep(self, m: Memory) -> bool:
+        if self.category is not None and m.category != self.category:
+            return False
+        if self.min_confidence is not None and (m.confidence is None or m.confidence < self.min_confidence):
+            return False
+        if self.period:
+            return overlaps(m, self.start, self.end)
+        if self.as_of is None and self.now is not None and m.valid_to is not None and m.valid_to <= self.now:
+            return False  # retired: its end date has passed
+        return True
+
+
+def overlaps(m: Memory, start: int | None, end: int | None) -> bool:
+    """Whether the memory's validity or its writing falls in [start, end] (None: open)."""
+    lo = -(1 << 62) if start is None else start
+    hi = 1 << 62 if end is None else end
+    if lo <= m.ts <= hi:
+        return True
+    if m.valid_from is None and m.valid_to is None:
+        return False  # no validity recorded: only the writing time places it
+    vf = -(1 << 62) if m.valid_from is None else m.valid_from
+    vt = 1 << 62 if m.valid_to is None else m.valid_to
+    return vf <= hi and lo < vt
+
+
+def held_at(key: str, timeline: Iterable[Memory], t: int) -> Memory | None:
+    """The row of ``key`` that held at world time ``t``, or None; ``timeline`` newest first
+    (the key's rows and the tombstones naming it)."""
+    for m in timeline:
+        if m.valid_from is not None and m.valid_from > t:
+            continue
+        if m.key != key:
+            return None  # a tombstone in force: retired by another key
+        return m if m.valid_to is None or t < m.valid_to else None
+    return None

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/recall.py [--quick] [--json PATH] [--queries N] [--seed S]
+    python bench/recall.py [--quick] [--json PATH] [--queries N] [--seed S] [--time-only] [--time-queries N]
 
 Bench-only dependencies: the ``bench`` extra (``pip install -e .[bench]``: bm25s,
 chitchat-dataset); the default embedder is the local ONNX model when the ``embed`` extra is
@@ -55,6 +55,21 @@ MemoryService.remember writes it, into a fresh database with a view attached),
 ``rss_mb_per_100k`` (VmRSS after minus before building the largest database with its view,
 scaled to 100k memories; ``--quick`` scales from 10k).
 
+Time-aware recall (issue 10), per N, over a second database: a bank *with a history*
+(:func:`build_history`: N keys as base rows, then revisions valid from later dates, corrections,
+merge rows retiring facts with ``valid_to``, and tombstones, i.e. rows of other keys superseding
+a key; about 1.6 N rows). Each case runs as the recall tool runs it, ``RecallArgs`` ->
+``filters(now)`` -> ``MemoryView.recall(limit=10)``, the query embedded as above, on the first
+``--time-queries`` queries (default 100: these cases are slow): ``now_hybrid`` (no time
+argument), ``as_of_hybrid`` / ``as_of_bm25`` / ``as_of_newest`` (a world time uniform over the
+history's span; no query for ``newest``), ``as_known_at_hybrid`` (an entry drawn per query),
+``as_known_at_anchor_hybrid`` (one entry for every query), ``as_known_at_newest``,
+``as_known_at_and_as_of_hybrid``; ``as_of_first_s`` (the first as_of recall, which builds the
+all-rows index) and ``as_of_after_write`` (one remember, then one as_of recall). Every as_of
+result is checked to be the row that held at the asked time, every as_known_at result to be
+its key's current row in the entry's causal past. The as_known_at cases run when RecallArgs
+has that argument, else the JSON says they were not measured. ``--time-only`` runs only these.
+
 Timing hygiene as in recall_core: 20 warm-up queries and ``gc.collect(); gc.freeze()`` before
 each timed loop; ``OPENBLAS_NUM_THREADS=1`` is set before numpy loads (steadier p99 on a
 small shared machine). Prints a table; ``--json PATH`` writes every figure.
@@ -104,9 +119,11 @@ from core import machine  # noqa: E402
 
 from auth.keys import SigningKey  # noqa: E402
 from crdt.database import Database  # noqa: E402
+from node.commands.tools import RecallArgs  # noqa: E402
 from node.memory.bm25 import InvertedIndex  # noqa: E402
 from node.memory.embedders import EmbedderConfig, HashedEmbedder, default_provider, make_embedder  # noqa: E402
-from node.memory.rows import MEMORY_STORE, embedding_value, memory_value  # noqa: E402
+from node.memory.rows import MEMORY_STORE, check_time, embedding_value, iso_utc, memory_value  # noqa: E402
+from node.memory.timeline import held_at  # noqa: E402
 from node.memory.tokens import document_text, tokenize  # noqa: E402
 from node.memory.view import MemoryView  # noqa: E402
 from node.storage import SqliteStorage  # noqa: E402
@@ -309,6 +326,210 @@ def bench_size(n: int, built: dict, mems: list[Mem], doc_tokens: list[list[str]]
     return out
 
 
+# --------------------------------------------------------------------- time-aware recall
+# A bank with a history (issue 10): keys with several rows, world-time validity, retired facts
+# and tombstones, then recall "as of" a world time and "as known at" an entry, as the recall tool
+# runs them (RecallArgs -> Filters -> MemoryView.recall).
+DAY_MS = 86_400_000
+WORLD_T0 = 1_735_689_600_000  # 2025-01-01T00:00:00Z, ms since the epoch
+WORLD_SPAN_DAYS = 730  # world times of the history and of the as_of queries: 2025-2026
+P_VALID_FROM = 0.5  # base rows with a valid_from (the others hold from the start)
+P_REVISED = 0.25  # keys with 1-3 later rows (a new value each, valid from a later date)
+P_CORRECTION = 0.1  # revisions without valid_from: a correction that answers for every time
+P_RETIRED = 0.08  # keys whose current row is retired by a merge row with valid_to
+P_TOMBSTONED = 0.02  # keys retired by another key's row (a supersedes edge)
+CATEGORIES = ("fact", "decision", "preference", "lesson")
+AFTER_WRITE_SAMPLES = 3  # each rebuilds the all-rows index: seconds at 100k
+TARGET_TIME_P99_MS = 50.0
+TIME_CASES = ("now_hybrid", "as_of_hybrid", "as_of_bm25", "as_of_newest", "as_known_at_hybrid",
+              "as_known_at_anchor_hybrid", "as_known_at_newest", "as_known_at_and_as_of_hybrid")
+TIME_TARGET_CASES = ("as_of_hybrid", "as_known_at_hybrid", "as_known_at_anchor_hybrid")
+
+
+def build_history(tmp: Path, mems: list[Mem], pool: list[str], n: int, hashed: HashedEmbedder,
+                  seed: int) -> dict:
+    """A bank of ``n`` keys with a history, written phase by phase (ROWS_PER_ENTRY rows per
+    entry, vectors in the same entry): base rows; revision rounds 1-3; merge rows retiring
+    facts with valid_to; rows of other keys superseding keys (tombstones). Later rows carry the
+    ``supersedes`` edge to the row they replace, as ``remember`` writes them."""
+    rnd = random.Random(seed)
+    storage, key, db, view = open_db(tmp, f"history-{n}", hashed)
+    entry_of: dict[str, str] = {}  # memory key -> entry of its newest row
+    last: dict[str, dict] = {}  # memory key -> its newest row's value
+    entries: list[str] = []
+    pool_at = iter(range(10**9))
+    count = {"rows": 0, "valid_from": 0, "valid_to": 0, "revisions": 0, "corrections": 0,
+             "retired": 0, "tombstoned": 0}
+
+    def world(lo_days: int = 0, hi_days: int = WORLD_SPAN_DAYS // 2) -> int:
+        return WORLD_T0 + rnd.randrange(lo_days * DAY_MS, hi_days * DAY_MS)
+
+    def write(rows: list[dict]) -> None:
+        for start in range(0, len(rows), ROWS_PER_ENTRY):
+            chunk = rows[start:start + ROWS_PER_ENTRY]
+            vectors = hashed.embed([f"{r['key']} {r['value']}" for r in chunk])
+            txn = db.transaction(key)
+            for row, vec in zip(chunk, vectors):
+                row_key = txn.append(MEMORY_STORE, row)
+                txn.append(hashed.store_name, embedding_value(row_key, vec))
+            eid = txn.commit()
+            entries.append(eid)
+            for row in chunk:
+                entry_of[row["key"]] = eid
+                last[row["key"]] = row
+            count["rows"] += len(chunk)
+            count["valid_from"] += sum("valid_from" in r for r in chunk)
+            count["valid_to"] += sum("valid_to" in r for r in chunk)
+
+    def replaces(k: str) -> dict:
+        return {"type": "supersedes", "to": k, "entry": entry_of[k]}
+
+    t0 = time.perf_counter()
+    keys = [k for k, _, _ in mems[:n]]
+    base = []
+    for k, v, tags in mems[:n]:
+        extra = {}
+        if rnd.random() < P_VALID_FROM:
+            extra["valid_from"] = iso_utc(world())
+        if rnd.random() < 0.6:
+            extra["category"] = rnd.choice(CATEGORIES)
+            extra["confidence"] = rnd.randint(1, 10)
+        base.append(memory_value(k, v, tags, **extra))
+    write(base)
+
+    revised = {k: rnd.randint(1, 3) for k in keys if rnd.random() < P_REVISED}
+    for rnd_no in (1, 2, 3):
+        rows = []
+        for k, times in revised.items():
+            if times < rnd_no:
+                continue
+            prev = last[k]
+            extra = {k2: prev[k2] for k2 in ("category", "confidence") if k2 in prev}
+            if rnd.random() < P_CORRECTION:
+                count["corrections"] += 1
+            else:
+                since = check_time("valid_from", prev["valid_from"]) if "valid_from" in prev else world()
+                extra["valid_from"] = iso_utc(since + rnd.randrange(DAY_MS, 120 * DAY_MS))
+            value = pool[next(pool_at) % len(pool)]
+            rows.append(memory_value(k, value, prev["tags"], edges=[replaces(k)], **extra))
+            count["revisions"] += 1
+        write(rows)
+
+    rows = []
+    for k in keys:
+        if rnd.random() < P_RETIRED:
+            cur = last[k]
+            since = check_time("valid_from", cur["valid_from"]) if "valid_from" in cur else world()
+            extra = {k2: cur[k2] for k2 in ("category", "confidence", "valid_from") if k2 in cur}
+            rows.append(memory_value(k, cur["value"], cur["tags"], edges=[replaces(k)],
+                                     valid_to=iso_utc(since + rnd.randrange(DAY_MS, 300 * DAY_MS)), **extra))
+            count["retired"] += 1
+    write(rows)
+
+    # Tombstones: a new row of key j (each j once) supersedes key k as well as j's own row.
+    doomed = [k for k in keys if rnd.random() < P_TOMBSTONED]
+    doomed_set = set(doomed)
+    successors = iter(rnd.sample([k for k in keys if k not in doomed_set], len(doomed)))
+    rows = []
+    for k in doomed:
+        j = next(successors)
+        value = pool[next(pool_at) % len(pool)]
+        rows.append(memory_value(j, value, last[j]["tags"], edges=[replaces(k), replaces(j)],
+                                 valid_from=iso_utc(world(0, WORLD_SPAN_DAYS))))
+        count["tombstoned"] += 1
+    write(rows)
+    build_s = time.perf_counter() - t0
+    if len(view) != n - count["tombstoned"]:
+        raise SystemExit(f"recall: the history view holds {len(view)} current memories, "
+                         f"expected {n - count['tombstoned']}")
+    return {"storage": storage, "key": key, "db": db, "view": view, "entries": entries,
+            "stats": {"keys": n, "entries": len(entries), "build_s": build_s,
+                      "keys_with_several_rows": len(revised) + count["retired"], **count,
+                      "current_memories": len(view)}}
+
+
+def as_known_at_supported() -> bool:
+    """Whether the recall tool takes ``as_known_at`` yet (issue 10 item 3; being written)."""
+    return "as_known_at" in RecallArgs.model_fields
+
+
+def bench_time(n: int, built: dict, queries: list[list[str]], hashed: HashedEmbedder, seed: int) -> dict:
+    """as_of / as_known_at recall over a history database, as the recall tool runs it:
+    ``RecallArgs(...).filters(now)`` (parsing the ISO time, as the tool does), the query
+    embedded when it has words, then ``MemoryView.recall(..., filters=...)``."""
+    view: MemoryView = built["view"]
+    rnd = random.Random(seed)
+    now = WORLD_T0 + (WORLD_SPAN_DAYS + 1) * DAY_MS  # a fixed clock after the whole history
+    qstrs = [" ".join(q) for q in queries]
+    times = [iso_utc(WORLD_T0 + rnd.randrange(WORLD_SPAN_DAYS * DAY_MS)) for _ in queries]
+    known = [rnd.choice(built["entries"]) for _ in queries]
+    out: dict = {"n_keys": n, "n_queries": len(queries), "build": built["stats"], "now": iso_utc(now),
+                 "as_of_times": f"uniform over {iso_utc(WORLD_T0)} + {WORLD_SPAN_DAYS} days"}
+
+    def recall(args: dict, embed: bool = True):
+        filters = RecallArgs.model_validate(args).filters(now)
+        q = args.get("query", "")
+        vec = hashed.embed([q])[0] if embed and q.strip() and view.has_vectors() else None
+        return view.recall(q, limit=10, query_vector=vec, filters=filters)
+
+    # The first as_of recall after any change of the database builds the index over every row.
+    t = time.perf_counter()
+    recall({"query": qstrs[0], "as_of": times[0]})
+    out["as_of_first_s"] = time.perf_counter() - t
+
+    cases = {
+        "now_hybrid": [({"query": q},) for q in qstrs],
+        "as_of_hybrid": [({"query": q, "as_of": w},) for q, w in zip(qstrs, times)],
+        "as_of_bm25": [({"query": q, "as_of": w}, False) for q, w in zip(qstrs, times)],
+        "as_of_newest": [({"as_of": w},) for w in times],
+    }
+    if as_known_at_supported():
+        # A different entry per query (each past computed afresh: the view caches a few), and
+        # one anchor entry for every query (a session pinned to one point of causal time).
+        anchor = built["entries"][len(built["entries"]) // 2]
+        cases["as_known_at_hybrid"] = [({"query": q, "as_known_at": e},) for q, e in zip(qstrs, known)]
+        cases["as_known_at_anchor_hybrid"] = [({"query": q, "as_known_at": anchor},) for q in qstrs]
+        cases["as_known_at_newest"] = [({"as_known_at": e},) for e in known]
+        cases["as_known_at_and_as_of_hybrid"] = [({"query": q, "as_known_at": e, "as_of": w},)
+                                                 for q, e, w in zip(qstrs, known, times)]
+    else:
+        out["as_known_at"] = "not measured: the recall tool (RecallArgs) has no as_known_at argument yet"
+    for name, args in cases.items():
+        try:
+            found, out[name] = timed(recall, args)
+        except Exception as exc:  # noqa: BLE001 - a case the product refuses is reported, not fatal
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        out[name]["mean_results"] = sum(map(len, found)) / len(found)
+        if name == "as_of_hybrid":
+            # Every result must be the row of its key that held at the asked time.
+            wrong = sum(held_at(m.key, view.timeline(m.key), check_time("as_of", w)) != m
+                        for (a,), ms in zip(args, found) for w in [a["as_of"]] for m in ms)
+            out[name]["results_not_held_then"] = wrong
+            if wrong:
+                raise SystemExit(f"recall: {wrong} as_of results did not hold at the asked time")
+        if name == "as_known_at_hybrid":
+            # Every result must be its key's current row in the causal past of the entry.
+            wrong = sum(view.past(a["as_known_at"]).current.get(m.key) != m
+                        for (a,), ms in zip(args[:50], found[:50]) for m in ms)
+            out[name]["results_not_current_then"] = wrong
+            if wrong:
+                raise SystemExit(f"recall: {wrong} as_known_at results were not current in the entry's past")
+    gc.unfreeze()
+    out["keys_held_at_mean"] = float(np.mean([len(view.held_at(check_time("as_of", w))) for w in times[:20]]))
+
+    # A live node writes between recalls: each write drops the all-rows index, so the next
+    # as_of recall rebuilds it. One remember, then one timed as_of recall, a few times.
+    remember = remember_fn(built["db"], built["key"], hashed)
+    after = []
+    for i in range(AFTER_WRITE_SAMPLES):
+        remember(f"late-write-{i}", f"written between two time-aware recalls {i}", ["todo"])
+        t = time.perf_counter_ns()
+        recall({"query": qstrs[i], "as_of": times[i]})
+        after.append(time.perf_counter_ns() - t)
+    out["as_of_after_write"] = {**pct(after), "n": len(after)}
+    return out
+
 def bench_embed(embedder, texts: list[str], one_call: bool = False) -> dict:
     t = time.perf_counter()
     embedder.embed(texts[:EMBED_BATCH])  # loads the model (local); warms caches
@@ -346,6 +567,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write all figures to this file")
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--seed", type=int, default=20240601)
+    ap.add_argument("--time-only", action="store_true",
+                    help="only the time-aware cases (as_of, as_known_at over a bank with a history)")
+    ap.add_argument("--time-queries", type=int, default=100,
+                    help="queries per time-aware case (the first N of --queries; these cases are slow)")
     args = ap.parse_args(argv)
     bm25s = need("bm25s", "bm25s", "recall")
 
@@ -362,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     held_out_msgs = msgs[-HELD_OUT:]
     held_out = [tokenize(m) for m in held_out_msgs]
     queries = make_queries(held_out, args.queries, random.Random(args.seed + 1))
+    revision_values = msgs[n_max:len(msgs) - HELD_OUT]  # never stored as base rows, never queried
     del msgs
     hashed = HashedEmbedder()
     log(f"corpus ready: {n_max} memories, {len(queries)} queries")
@@ -402,70 +628,115 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": {},
     }
 
-    with tempfile.TemporaryDirectory(prefix="memmesh-recall-") as tmp_name:
-        tmp = Path(tmp_name)
-        for n in sorted(sizes, reverse=True):
+    if not args.time_only:
+        with tempfile.TemporaryDirectory(prefix="memmesh-recall-") as tmp_name:
+            tmp = Path(tmp_name)
+            for n in sorted(sizes, reverse=True):
+                label = SIZES[n]
+                rss = {}
+                gc_base_ms = full_gc_ms()
+                if n == n_max:
+                    gc.collect()
+                    rss["before_mb"] = rss_mib()
+                built = build(tmp, mems, n, hashed)
+                log(f"built {label}: {built['stats']['entries']} entries in {built['stats']['build_s']:.1f}s")
+                if n == n_max:
+                    gc.collect()
+                    rss["after_mb"] = rss_mib()
+                    rss["delta_mb"] = rss["after_mb"] - rss["before_mb"]
+                    # Breakdown: a second view over the same database, built by rebuild (as on open).
+                    gc.collect()
+                    r0 = rss_mib()
+                    t = time.perf_counter()
+                    extra = MemoryView(built["db"], embedding_store=hashed.store_name, dim=hashed.dim)
+                    rss["view_rebuild_s"] = time.perf_counter() - t
+                    gc.collect()
+                    rss["second_view_mb"] = rss_mib() - r0
+                    built["stats"]["view_rebuild_s"] = rss["view_rebuild_s"]
+                    extra.close()
+                    del extra
+                    gc.collect()
+                opened = time_open(built["storage"].path, built["db"].id, n, hashed)
+                log(f"opened {label}: Database.open {opened['db_open_s']:.2f}s, view {opened['view_build_s']:.2f}s")
+                r = bench_size(n, built, mems, doc_tokens, queries, hashed, bm25s)
+                r["open"] = opened
+                r["full_gc_ms_bench_data"] = gc_base_ms
+                r["full_gc_ms_node"] = r["full_gc_ms"] - gc_base_ms
+                if rss:
+                    r["rss"] = rss
+                if n == n_max and not args.quick:
+                    # Writes into the full database (the view updates a 100k index).
+                    items = [(f"{k}-late", v, tags) for k, v, tags in mems[:200]]
+                    r["remember_into_this_db"] = time_writes(remember_fn(built["db"], built["key"], hashed), items)
+                report["sizes"][label] = r
+                built["view"].close()
+                built["storage"].close()
+                del built
+                gc.unfreeze()
+                gc.collect()
+                log(f"measured {label}")
+
+            storage, key, db, view = open_db(tmp, "remember", hashed)
+            report["remember"] = time_writes(remember_fn(db, key, hashed), mems[:n_remember])
+            report["remember"]["database"] = "fresh database with a MemoryView attached, one entry per memory"
+            view.close()
+            storage.close()
+            log("measured remember")
+
+        texts = [f"{' '.join(t[:3])} {m}" for t, m in zip(held_out, held_out_msgs)][:n_embed]
+        default = make_embedder(EmbedderConfig(default_provider()))
+        report["embed_default"] = (bench_embed(default, texts, one_call=default.provider == "local")
+                                   if default is not None else None)
+        report["embed_hashed"] = bench_embed(hashed, texts)
+        log("measured embedders")
+
+    report["time_aware"] = {
+        "history": (f"per size N: N keys (the same memories as above) written as base rows, then "
+                    f"revision rounds ({P_REVISED:.0%} of keys get 1-3 new values from messages never "
+                    f"stored or queried, each valid from a later date, {P_CORRECTION:.0%} of them "
+                    f"corrections without valid_from), merge rows retiring {P_RETIRED:.0%} of keys with "
+                    f"valid_to, and rows of other keys superseding {P_TOMBSTONED:.0%} of keys "
+                    f"(tombstones); {P_VALID_FROM:.0%} of base rows have valid_from; world times in "
+                    f"{WORLD_SPAN_DAYS} days from {iso_utc(WORLD_T0)}; {ROWS_PER_ENTRY} rows (+ vectors) "
+                    "per signed entry, every later row with its supersedes edge as remember writes it"),
+        "path": "RecallArgs.model_validate(args).filters(now) (the recall tool's parsing), the query "
+                "embedded by the hashed embedder when it has words, MemoryView.recall(limit=10, filters=...)",
+        "cases": {
+            "now_hybrid": "no time argument, the same history bank (the clock after the whole history)",
+            "as_of_hybrid / as_of_bm25": "as_of a world time uniform over the span, with / without the vector",
+            "as_of_newest": "as_of with no query (newest first among what held then)",
+            "as_known_at_hybrid": "as_known_at an entry drawn uniformly from the bank's entries, one per query",
+            "as_known_at_anchor_hybrid": "as_known_at one entry (the middle one) for every query",
+            "as_known_at_newest": "as_known_at with no query",
+            "as_known_at_and_as_of_hybrid": "both",
+            "as_of_first_s": "the first as_of recall after the view was built: builds the all-rows index",
+            "as_of_after_write": f"{AFTER_WRITE_SAMPLES} x (one remember, then one as_of recall)",
+        },
+        "sizes": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="memmesh-recall-time-") as tmp_name:
+        for n in sizes:
             label = SIZES[n]
-            rss = {}
-            gc_base_ms = full_gc_ms()
-            if n == n_max:
-                gc.collect()
-                rss["before_mb"] = rss_mib()
-            built = build(tmp, mems, n, hashed)
-            log(f"built {label}: {built['stats']['entries']} entries in {built['stats']['build_s']:.1f}s")
-            if n == n_max:
-                gc.collect()
-                rss["after_mb"] = rss_mib()
-                rss["delta_mb"] = rss["after_mb"] - rss["before_mb"]
-                # Breakdown: a second view over the same database, built by rebuild (as on open).
-                gc.collect()
-                r0 = rss_mib()
-                t = time.perf_counter()
-                extra = MemoryView(built["db"], embedding_store=hashed.store_name, dim=hashed.dim)
-                rss["view_rebuild_s"] = time.perf_counter() - t
-                gc.collect()
-                rss["second_view_mb"] = rss_mib() - r0
-                built["stats"]["view_rebuild_s"] = rss["view_rebuild_s"]
-                extra.close()
-                del extra
-                gc.collect()
-            opened = time_open(built["storage"].path, built["db"].id, n, hashed)
-            log(f"opened {label}: Database.open {opened['db_open_s']:.2f}s, view {opened['view_build_s']:.2f}s")
-            r = bench_size(n, built, mems, doc_tokens, queries, hashed, bm25s)
-            r["open"] = opened
-            r["full_gc_ms_bench_data"] = gc_base_ms
-            r["full_gc_ms_node"] = r["full_gc_ms"] - gc_base_ms
-            if rss:
-                r["rss"] = rss
-            if n == n_max and not args.quick:
-                # Writes into the full database (the view updates a 100k index).
-                items = [(f"{k}-late", v, tags) for k, v, tags in mems[:200]]
-                r["remember_into_this_db"] = time_writes(remember_fn(built["db"], built["key"], hashed), items)
-            report["sizes"][label] = r
+            built = build_history(Path(tmp_name), mems, revision_values, n, hashed, args.seed + 11)
+            log(f"built history {label}: {built['stats']['rows']} rows in {built['stats']['entries']} entries, "
+                f"{built['stats']['build_s']:.1f}s")
+            report["time_aware"]["sizes"][label] = bench_time(n, built, queries[:args.time_queries], hashed,
+                                                              args.seed + 13)
             built["view"].close()
             built["storage"].close()
             del built
             gc.unfreeze()
             gc.collect()
-            log(f"measured {label}")
-
-        storage, key, db, view = open_db(tmp, "remember", hashed)
-        report["remember"] = time_writes(remember_fn(db, key, hashed), mems[:n_remember])
-        report["remember"]["database"] = "fresh database with a MemoryView attached, one entry per memory"
-        view.close()
-        storage.close()
-        log("measured remember")
-
-    texts = [f"{' '.join(t[:3])} {m}" for t, m in zip(held_out, held_out_msgs)][:n_embed]
-    default = make_embedder(EmbedderConfig(default_provider()))
-    report["embed_default"] = (bench_embed(default, texts, one_call=default.provider == "local")
-                               if default is not None else None)
-    report["embed_hashed"] = bench_embed(hashed, texts)
-    log("measured embedders")
+            log(f"measured time-aware {label}")
 
     # Flat keys of the issue.
     flat: dict = {}
-    for label, r in ((SIZES[n], report["sizes"][SIZES[n]]) for n in sizes):
+    for label, r in report["time_aware"]["sizes"].items():
+        for case in TIME_CASES:
+            if "p99_ms" in r.get(case, {}):
+                flat[f"recall_p50_ms_{case}_{label}"] = r[case]["p50_ms"]
+                flat[f"recall_p99_ms_{case}_{label}"] = r[case]["p99_ms"]
+    for label, r in ((SIZES[n], report["sizes"][SIZES[n]]) for n in sizes if not args.time_only):
         flat[f"recall_p50_ms_bm25_{label}"] = r["recall_bm25"]["p50_ms"]
         flat[f"recall_p99_ms_bm25_{label}"] = r["recall_bm25"]["p99_ms"]
         flat[f"recall_p50_ms_hybrid_{label}"] = r["recall_hybrid"]["p50_ms"]
@@ -475,33 +746,40 @@ def main(argv: list[str] | None = None) -> int:
         flat[f"bm25s_speed_ratio_{label}"] = r["bm25s_speed_ratio"]
         flat[f"db_open_s_{label}"] = r["open"]["db_open_s"]
         flat[f"view_build_s_{label}"] = r["open"]["view_build_s"]
-    flat["remember_per_s"] = report["remember"]["per_s"]
-    flat["embed_texts_per_s_default"] = (report["embed_default"] or report["embed_hashed"])["texts_per_s"]
-    flat["embed_default_provider"] = (report["embed_default"] or report["embed_hashed"])["provider"]
-    flat["embed_texts_per_s_hashed"] = report["embed_hashed"]["texts_per_s"]
-    rss = report["sizes"][SIZES[n_max]]["rss"]
-    flat["rss_mb_per_100k"] = rss["delta_mb"] * 100_000 / n_max
-    rss["measured_at_memories"] = n_max
-    rss["scaled"] = (f"--quick: measured at {n_max:,} memories and scaled x{100_000 // n_max} to 100k"
-                     if n_max != 100_000 else "measured at 100k, not scaled")
-    rss["note"] = ("MiB of VmRSS (/proc/self/status), after minus before creating the storage, Database "
-                   "and MemoryView and writing every memory (incl. the hashed embedder's feature cache); "
-                   "second_view_mb: VmRSS growth when one more MemoryView is built over the same database "
-                   "by rebuild (view_rebuild_s, as on the first recall after opening a node); it includes "
-                   "rebuild garbage the allocator keeps, so it over-states a view alone")
+    if not args.time_only:
+        flat["remember_per_s"] = report["remember"]["per_s"]
+        flat["embed_texts_per_s_default"] = (report["embed_default"] or report["embed_hashed"])["texts_per_s"]
+        flat["embed_default_provider"] = (report["embed_default"] or report["embed_hashed"])["provider"]
+        flat["embed_texts_per_s_hashed"] = report["embed_hashed"]["texts_per_s"]
+        rss = report["sizes"][SIZES[n_max]]["rss"]
+        flat["rss_mb_per_100k"] = rss["delta_mb"] * 100_000 / n_max
+        rss["measured_at_memories"] = n_max
+        rss["scaled"] = (f"--quick: measured at {n_max:,} memories and scaled x{100_000 // n_max} to 100k"
+                         if n_max != 100_000 else "measured at 100k, not scaled")
+        rss["note"] = ("MiB of VmRSS (/proc/self/status), after minus before creating the storage, Database "
+                       "and MemoryView and writing every memory (incl. the hashed embedder's feature cache); "
+                       "second_view_mb: VmRSS growth when one more MemoryView is built over the same database "
+                       "by rebuild (view_rebuild_s, as on the first recall after opening a node); it includes "
+                       "rebuild garbage the allocator keeps, so it over-states a view alone")
     report = {**flat, **report}
 
     at = SIZES[n_max]
-    report["targets"] = {
-        "evaluated_at": at if n_max == 100_000 else f"{at} (--quick has no 100k run)",
-        "recall_p99_ms_hybrid_100k": {"max": TARGET_HYBRID_P99_MS, "value": flat[f"recall_p99_ms_hybrid_{at}"],
-                                      "met": flat[f"recall_p99_ms_hybrid_{at}"] <= TARGET_HYBRID_P99_MS},
-        "top10_identical_frac_100k": {"min": TARGET_TOP10_IDENTICAL, "value": flat[f"top10_identical_frac_{at}"],
-                                      "met": flat[f"top10_identical_frac_{at}"] >= TARGET_TOP10_IDENTICAL},
-        "top10_tie_aware_frac_100k": {"min": TARGET_TOP10_IDENTICAL, "value": flat[f"top10_tie_aware_frac_{at}"],
-                                      "met": flat[f"top10_tie_aware_frac_{at}"] >= TARGET_TOP10_IDENTICAL,
-                                      "note": "the same target, ties of bitwise-equal scores in any order"},
-    }
+    report["targets"] = {"evaluated_at": at if n_max == 100_000 else f"{at} (--quick has no 100k run)"}
+    for case in TIME_TARGET_CASES:
+        value = flat.get(f"recall_p99_ms_{case}_{at}")
+        if value is not None:
+            report["targets"][f"recall_p99_ms_{case}_100k"] = {"max": TARGET_TIME_P99_MS, "value": value,
+                                                             "met": value <= TARGET_TIME_P99_MS}
+    if not args.time_only:
+        report["targets"] |= {
+            "recall_p99_ms_hybrid_100k": {"max": TARGET_HYBRID_P99_MS, "value": flat[f"recall_p99_ms_hybrid_{at}"],
+                                          "met": flat[f"recall_p99_ms_hybrid_{at}"] <= TARGET_HYBRID_P99_MS},
+            "top10_identical_frac_100k": {"min": TARGET_TOP10_IDENTICAL, "value": flat[f"top10_identical_frac_{at}"],
+                                          "met": flat[f"top10_identical_frac_{at}"] >= TARGET_TOP10_IDENTICAL},
+            "top10_tie_aware_frac_100k": {"min": TARGET_TOP10_IDENTICAL, "value": flat[f"top10_tie_aware_frac_{at}"],
+                                          "met": flat[f"top10_tie_aware_frac_{at}"] >= TARGET_TOP10_IDENTICAL,
+                                          "note": "the same target, ties of bitwise-equal scores in any order"},
+        }
 
     print_table(report, sizes)
     if args.json:
@@ -516,7 +794,58 @@ def print_table(report: dict, sizes: list[int]) -> None:
     print(f"memmesh recall benchmark (full stack)  {report['date']}  {m['cpu']}  nproc={m['nproc']}  "
           f"python {report['python']}  OPENBLAS_NUM_THREADS={report['openblas_num_threads']}"
           + ("  --quick" if report["quick"] else ""))
-    pp = lambda d: f"{d['p50_ms']:.2f} / {d['p99_ms']:.2f}"  # noqa: E731
+    lines = print_plain(report, sizes) if report["sizes"] else []
+    print_time(report["time_aware"]["sizes"])
+    at = report["targets"]["evaluated_at"]
+    for name, t in report["targets"].items():
+        if isinstance(t, dict):
+            bound = f"<= {t['max']:g}" if "max" in t else f">= {t['min']:g}"
+            lines.append((f"target {name}", f"{t['value']:.4g}", f"{bound} at {at}: {'MET' if t['met'] else 'MISSED'}"))
+    w = max((len(a) for a, _, _ in lines), default=0)
+    print()
+    for name, value, detail in lines:
+        print(f"{name:{w}}  {value:>8}   {detail}")
+
+
+def _pp(d: dict) -> str:
+    return f"{d['p50_ms']:.2f} / {d['p99_ms']:.2f}" if "p50_ms" in d else "error"
+
+
+def print_time(by_size: dict[str, dict]) -> None:
+    """The time-aware table: one column per size of the history bank."""
+    if not by_size:
+        return
+    b = lambda r: r["build"]  # noqa: E731
+    rows = [
+        ("history: keys / rows / entries", lambda r: f"{r['n_keys']:,} / {b(r)['rows']:,} / {b(r)['entries']}"),
+        ("  revisions / retired / tombstoned",
+         lambda r: f"{b(r)['revisions']:,} / {b(r)['retired']:,} / {b(r)['tombstoned']:,}"),
+        ("  build s", lambda r: f"{b(r)['build_s']:.1f}"),
+        ("keys held at an as_of time (mean)", lambda r: f"{r['keys_held_at_mean']:,.0f}"),
+    ]
+    rows += [(f"{case} p50 / p99 ms", (lambda c: lambda r: _pp(r[c]) if c in r else "n/a")(case))
+             for case in TIME_CASES]
+    rows += [
+        ("as_of first recall (all-rows index) s", lambda r: f"{r['as_of_first_s']:.2f}"),
+        ("as_of after a write p50 / max ms",
+         lambda r: f"{r['as_of_after_write']['p50_ms']:.0f} / {r['as_of_after_write']['max_ms']:.0f}"),
+    ]
+    cols = list(by_size)
+    w = max(len(name) for name, _ in rows)
+    cw = 22
+    print()
+    print("time-aware recall (a bank with a history)")
+    print(f"{'':{w}}  " + "".join(f"{'N=' + c:>{cw}}" for c in cols))
+    for name, fmt in rows:
+        print(f"{name:{w}}  " + "".join(f"{fmt(by_size[c]):>{cw}}" for c in cols))
+    for c in cols:
+        if "as_known_at" in by_size[c]:
+            print(f"N={c}: {by_size[c]['as_known_at']}")
+
+
+def print_plain(report: dict, sizes: list[int]) -> list[tuple[str, str, str]]:
+    """The plain recall table; returns the single-figure lines printed after it."""
+    pp = _pp
     rows = [
         ("build: entries / s / memories per s",
          lambda r: f"{r['build']['entries']} / {r['build']['build_s']:.1f} / {r['build']['memories_per_s']:,.0f}"),
@@ -557,15 +886,8 @@ def print_table(report: dict, sizes: list[int]) -> None:
          + (f", scaled x{100_000 // rss['measured_at_memories']}" if rss["measured_at_memories"] != 100_000 else "")
          + f"; a 2nd view by rebuild: +{rss['second_view_mb']:.0f} MiB in {rss['view_rebuild_s']:.1f} s"),
     ]
-    at = report["targets"]["evaluated_at"]
-    for name, t in report["targets"].items():
-        if isinstance(t, dict):
-            bound = f"<= {t['max']:g}" if "max" in t else f">= {t['min']:g}"
-            lines.append((f"target {name}", f"{t['value']:.4g}", f"{bound} at {at}: {'MET' if t['met'] else 'MISSED'}"))
-    w = max(len(a) for a, _, _ in lines)
-    print()
-    for name, value, detail in lines:
-        print(f"{name:{w}}  {value:>8}   {detail}")
+    return lines
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

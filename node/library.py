@@ -91,7 +91,7 @@ class Node(Home):
         return REGISTRY.run(self, name, params, events=events)
 
     def call_tool(self, agent: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Run one agent tool (remember, recall, list_memory_banks) and return its JSON result."""
+        """Run one agent tool (remember, recall, list_memory_banks, neighbors) and return its JSON result."""
         return self.run("tool", {"agent": agent, "tool": tool, "args": args}).data
 
     def auto_recall(self, agent: str, messages: Sequence[str], session: str | None = None) -> str:

@@ -3,8 +3,8 @@
     memmesh --home HOME mcp --agent alpha                                # stdio, as clients spawn it
     memmesh --home HOME mcp --agent alpha --http --listen 127.0.0.1:7413  # Streamable HTTP, loopback
 
-It publishes the agent tools of node/commands/tools.TOOLS (remember, recall, list_memory_banks)
-and the auto-recall block as the prompt ``relevant_memories``, with the official SDK's
+It publishes the agent tools of node/commands/tools.TOOLS (remember, recall, list_memory_banks,
+neighbors) and the auto-recall block as the prompt ``relevant_memories``, with the official SDK's
 ``MCPServer``. It is a transport and nothing more: every call is a registry command (``tool``,
 ``autorecall``) run by ``node.cli.run_command`` through the home's running serve. MCP clients
 each spawn their own server, so this process must never write the home itself: when no serve
@@ -59,6 +59,7 @@ ANNOTATIONS: dict[str, ToolAnnotations] = {
                                 open_world_hint=False),
     "recall": ToolAnnotations(read_only_hint=True, open_world_hint=False),
     "list_memory_banks": ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    "neighbors": ToolAnnotations(read_only_hint=True, open_world_hint=False),
 }
 
 
@@ -232,7 +233,7 @@ def build_server(home: Path, agent: str, allowed: Iterable[str] | None = None) -
     server: MCPServer = MCPServer(
         "memmesh", version=_version(), tools=tools,
         instructions=f"The memory of agent {agent}: remember facts, recall them by words and meaning, "
-                     "and list the memory banks it can use.")
+                     "follow the links between them, and list the memory banks it can use.")
     server.add_prompt(prompt)
     return server
 

@@ -15,7 +15,7 @@ or section left empty, e.g. with everything under it commented out, means its de
     agents:
       - name: alpha
         system_prompt: "You are alpha."
-        allowed_tools: [remember, recall, list_memory_banks]   # default: all three
+        allowed_tools: [remember, recall, list_memory_banks, neighbors]   # default: all four
         default_memory_banks: [project-notes]                  # created, Write granted, referenced
     embedding:
       backend: none | hashed | local | remote
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 CONFIG_FILE = "config.yaml"
 APPLIED = "config-in-force"  # registry setting: the last config applied cleanly (JSON)
 DEFAULT_API_PORT = 7412
-TOOL_NAMES = ("remember", "recall", "list_memory_banks")
+TOOL_NAMES = ("remember", "recall", "list_memory_banks", "neighbors")
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything near this is a mistake
 
 Loc = tuple[Any, ...]
@@ -130,7 +130,7 @@ Address = Annotated[str, AfterValidator(_check_address)]
 class AgentSpec(_Section):
     name: Name
     system_prompt: Annotated[str, Field(max_length=65536)] = ""
-    allowed_tools: list[Literal["remember", "recall", "list_memory_banks"]] = list(TOOL_NAMES)
+    allowed_tools: list[Literal["remember", "recall", "list_memory_banks", "neighbors"]] = list(TOOL_NAMES)
     default_memory_banks: list[Name] = []
 
 
@@ -474,7 +474,7 @@ TEMPLATE = """\
 # agents:                             # each created if missing; one left out is not deleted
 #   - name: alpha
 #     system_prompt: "You are alpha, the ops assistant."
-#     allowed_tools: [remember, recall, list_memory_banks]   # default: all three
+#     allowed_tools: [remember, recall, list_memory_banks, neighbors]   # default: all four
 #     default_memory_banks: [project-notes]   # created if missing, Write granted, referenced
 
 # embedding:                          # left out: the embedder `memmesh embedder set` chose

@@ -145,6 +145,7 @@ EXAMPLES: list[tuple[str, str, Any, int]] = [
     ("POST", "/v1/agents/{agent}/tools/remember", {"key": "deploy", "value": "nix build", "tags": ["ops"]}, 200),
     ("POST", "/v1/agents/{agent}/tools/recall", {"query": "deploy", "limit": 3}, 200),
     ("POST", "/v1/agents/{agent}/tools/list_memory_banks", {}, 200),
+    ("POST", "/v1/agents/{agent}/tools/neighbors", {"key": "deploy", "depth": 2}, 200),
     ("POST", "/v1/agents/{agent}/autorecall", {"messages": ["how do we deploy?"], "session": "s1"}, 200),
     ("POST", "/v1/agents/{agent}/command", {"line": "/memory list", "session": "s1"}, 200),
     ("POST", "/v1/embedder/set", {"provider": "hashed"}, 200),  # offline and fast: reindex has work

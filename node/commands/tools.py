@@ -1,4 +1,4 @@
-"""The agent tools (remember, recall, list_memory_banks) and the commands built on them.
+"""The agent tools (remember, recall, list_memory_banks, neighbors) and the commands built on them.
 
 ``TOOLS`` is the tool table: per tool, the model of its arguments (what an MCP server will
 publish as the tool's input schema) and the function that runs it for one agent. The ``tool``
@@ -17,7 +17,9 @@ from pydantic import AfterValidator, ConfigDict, Field
 from node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, ParamsError, parse
 from node.commands.registry import command
 from node.commands.result import Result, json_text
+from node.memory.graph import MAX_DEPTH
 from node.memory.rows import (
+    MAX_EDGES,
     MAX_ENTITIES,
     MAX_KEY_CHARS,
     MAX_SCORE,
@@ -26,11 +28,12 @@ from node.memory.rows import (
     MAX_VALUE_CHARS,
     MIN_SCORE,
     SOURCES,
+    SUPERSEDES,
     MemoryInputError,
     check_slug,
     check_time,
 )
-from node.memory.timeline import Filters
+from node.memory.timeline import Filters, check_entry_id
 from node.memory.view import DEFAULT_LIMIT, MAX_LIMIT
 from node.settings import check_tool
 
@@ -104,6 +107,9 @@ class RecallArgs(Params):
     category: Annotated[str | None, _rule(check_slug, "category"), Field(
         description="only memories of this category")] = None
     min_confidence: Annotated[Score, Field(description="only memories at least this confident")] = None
+    as_known_at: Annotated[str | None, _rule(check_entry_id, "as_known_at"), Field(
+        description="an entry id of the bank (sha256:...): recall as the store stood with that entry's "
+                    "causal past, the same on every replica")] = None
 
     def filters(self, now: int) -> Filters:
         """The view's filters; ``now``: the caller's clock (it only hides facts whose end passed)."""
@@ -111,7 +117,26 @@ class RecallArgs(Params):
                 for k, v in (("as_of", self.as_of), ("from", self.from_), ("to", self.to))}
         if when["from"] is not None and when["to"] is not None and when["from"] > when["to"]:
             raise ParamsError(f"recall: from ({self.from_}) must not be after to ({self.to})")
-        return Filters(self.category, self.min_confidence, when["as_of"], when["from"], when["to"], now)
+        return Filters(self.category, self.min_confidence, when["as_of"], when["from"], when["to"], now,
+                       self.as_known_at)
+
+
+def _no_supersedes(types: list[str]) -> list[str]:
+    if SUPERSEDES in types:
+        raise ValueError("may not include supersedes, which is not a link: recall shows supersession "
+                         "(supersedes, superseded_by)")
+    return types
+
+
+class NeighborsArgs(Params):
+    key: Annotated[str, Cli(positional=True), Field(
+        min_length=1, max_length=MAX_KEY_CHARS, description="the memory whose links to follow")]
+    bank: OptionalBank = None
+    types: Annotated[list[Annotated[str, _rule(check_slug, "type")]], AfterValidator(_no_supersedes),
+                     Cli(flag="--type"), Field(max_length=MAX_EDGES, description=(
+                         "only links of these types (lowercase slugs); default: every type"))] = []
+    depth: Annotated[int, Field(ge=1, le=MAX_DEPTH, description=(
+        f"how many links away, 1-{MAX_DEPTH}; each memory at its shortest distance"))] = 1
 
 
 @dataclass(frozen=True)
@@ -144,11 +169,19 @@ def _list_banks(node: "Node", agent: "Agent", a: NoParams) -> dict[str, Any]:
     return node.memory.list_banks(agent)
 
 
+def _neighbors(node: "Node", agent: "Agent", a: NeighborsArgs) -> dict[str, Any]:
+    check_tool(node, agent.name, "neighbors")
+    return node.memory.neighbors(agent, a.key, a.bank, a.types, a.depth)
+
+
 TOOLS: dict[str, Tool] = {
     "remember": Tool(RememberArgs, _remember, "Store a memory in the agent's own memory or in a bank."),
     "recall": Tool(RecallArgs, _recall, "Search memories by words and meaning, optionally filtered by tags."),
     "list_memory_banks": Tool(NoParams, _list_banks,
                               "List the banks this agent can use (itself first), with its permission on each."),
+    "neighbors": Tool(NeighborsArgs, _neighbors,
+                      "List the memories linked to one memory by typed edges, both ways (its links and "
+                      "backlinks), across the banks this agent can read."),
 }
 
 
@@ -163,7 +196,7 @@ def _tool_result(data: dict[str, Any]) -> Result:
     return Result(data, json_text(data), list(data.get("warnings", [])))
 
 
-@command("tool", ToolCall, "run an agent tool: remember, recall or list_memory_banks")
+@command("tool", ToolCall, "run an agent tool: remember, recall, list_memory_banks or neighbors")
 def tool(node: "Node", p: ToolCall) -> Result:
     spec = TOOLS[p.tool]
     args = parse(spec.args, p.args, p.tool)

@@ -19,6 +19,7 @@ from crdt.database import Database
 from node.memory.access import AccessCounts
 from node.memory.agents import Agent, Agents, agent_state
 from node.memory.embedders import Embedder, EmbedderError
+from node.memory.graph import neighbors
 from node.memory.rows import MEMORY_STORE, embedding_value, memory_value
 from node.memory.saving import plan_write
 from node.memory.scope import by_precedence
@@ -125,7 +126,7 @@ class MemoryService:
         found = self._search(target.db, query, tags, limit, warnings, include_superseded, filters=filters)
         counted = self.access.record([(target.db.id, m.key) for m in found], "recall") if count else {}
         view = self.view(target.db)
-        memories = [{**m.to_dict(target.name), **view.relations(m),
+        memories = [{**m.to_dict(target.name), **view.relations(m, filters.as_known_at),
                      **(counted.get((target.db.id, m.key)) or self.access.get(target.db.id, m.key)).fields()}
                     for m in found]
         if memories:
@@ -154,6 +155,11 @@ class MemoryService:
             vector = cache[query]
         return view.recall(query, tags=tags, limit=limit, query_vector=vector,
                            include_superseded=include_superseded, with_scores=with_scores, filters=filters)
+
+    def neighbors(self, agent: Agent, key: str, bank: str | None = None, types: Sequence[str] = (),
+                  depth: int = 1, now: int | None = None) -> dict[str, Any]:
+        """The memories linked to ``key`` by edges, both ways, across readable banks (node/memory/graph.py)."""
+        return neighbors(self, agent, key, bank, types, depth, _now_ms() if now is None else now)
 
     def list_banks(self, agent: Agent) -> dict[str, Any]:
         own = perm_name(self._perm_on(agent, agent.db.id))

@@ -14,15 +14,23 @@ A key's **timeline** is its rows plus the *tombstones* naming it (rows of other 
 newest entry of the timeline already in force at ``t`` (``valid_from`` absent or <= ``t``)
 decides; a row holds if ``t`` is before its ``valid_to``, a tombstone says nothing held. So a
 newer row takes over from its ``valid_from`` on, and older rows still answer for earlier times.
+
+**As known at an entry** (``as_known_at``): the rows in the causal past of entry E (E and its
+ancestors, a set that is the same on every replica holding E, and that no later entry
+changes) are taken as the whole store; what is current among them is decided by the same rule
+as for the whole store (:func:`current_in`), so recall as known at E answers what a replica
+holding exactly E's causal past would answer.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .rows import Memory
+from typing import Any
 
-__all__ = ["Filters", "held_at", "overlaps"]
+from .rows import _ENTRY_ID, Memory, MemoryInputError
+
+__all__ = ["Filters", "check_entry_id", "current_in", "held_at", "overlaps"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +43,7 @@ class Filters:
     start: int | None = None  # a period, inclusive at both ends
     end: int | None = None
     now: int | None = None  # the caller's clock: hides facts whose valid_to has passed
+    as_known_at: str | None = None  # causal time: an entry id; the store as its causal past
 
     @property
     def period(self) -> bool:
@@ -75,3 +84,19 @@ def held_at(key: str, timeline: Iterable[Memory], t: int) -> Memory | None:
             return None  # a tombstone in force: retired by another key
         return m if m.valid_to is None or t < m.valid_to else None
     return None
+
+
+def current_in(key: str, timeline: Iterable[Memory]) -> Memory | None:
+    """The current row of ``key`` given its timeline (newest first): the newest entry decides;
+    a tombstone (a row of another key superseding it) means the key has no current row."""
+    for m in timeline:
+        return m if m.key == key else None
+    return None
+
+
+def check_entry_id(what: str, s: Any) -> str:
+    """An entry id as entries are named (``sha256:`` and 64 lowercase hex digits)."""
+    if not isinstance(s, str) or not _ENTRY_ID.match(s):
+        shown = repr(s) if len(repr(s)) <= 80 else repr(s)[:77] + "..."
+        raise MemoryInputError(f"{what} must be an entry id (sha256: and 64 lowercase hex digits), got {shown}")
+    return s

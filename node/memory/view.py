@@ -53,6 +53,13 @@ Rebuild (on construction, e.g. the first recall after opening a node, and after 
     with the cyclic GC paused. It gives the same recall results, bit for bit, as a view fed
     the same rows one by one (tested).
 
+As known at an entry (``Filters.as_known_at``, node.memory.timeline)
+    The rows in the causal past of the entry (it and its ancestors, ``Database.precedes``)
+    are taken as the whole store: per key, the current row among them (or, with ``as_of``, the
+    row that held then among them; with ``include_superseded``, every one of them) are the
+    candidates, ranked over the whole history's index as ``as_of`` is; ``relations`` answer
+    within that past too. The past of an entry is cached until the database changes.
+
 ``include_superseded=True`` (a rare operator option) scans: it builds a temporary index over
 every well-formed row, cached until the next change of the database.
 
@@ -65,6 +72,7 @@ import gc
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -84,7 +92,7 @@ from .rows import (
     parse_embeddings,
     parse_memory,
 )
-from .timeline import Filters, held_at
+from .timeline import Filters, current_in, held_at
 from .tokens import document_text, tokenize
 from .vectors import VectorIndex
 
@@ -102,6 +110,12 @@ _NEVER: Order = (-1, "", -1)  # before every row in T order
 _NO_FILTERS = Filters()
 
 
+def _order_of(m: Memory) -> Order:
+    return m.order
+
+_PAST_CACHE = 4  # pasts kept: each holds a reference per row of the past, so only a few
+
+
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     """No cyclic collections while a rebuild allocates (it makes no cycles): a full
@@ -114,6 +128,23 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@dataclass
+class _Past:
+    """The memory rows in the causal past of one entry, taken as the whole store."""
+
+    rows: list[Memory]  # every well-formed row of the past (superseded ones too)
+    timelines: dict[str, list[Memory]]  # key -> its rows and tombstones in the past, newest first
+    current: dict[str, Memory] = field(default_factory=dict)  # key -> its current row in the past
+
+    def held_at(self, t: int) -> list[Memory]:
+        out = []
+        for key, timeline in self.timelines.items():
+            m = held_at(key, timeline, t)
+            if m is not None:
+                out.append(m)
+        return out
 
 
 class _Index:
@@ -335,9 +366,14 @@ class MemoryView:
             qv = None
         tokens = tokenize(query)
         keep = None
-        if filters is not None and filters.as_of is not None:
+        past = None if filters is None or filters.as_known_at is None else self.past(filters.as_known_at)
+        if filters is not None and (filters.as_of is not None or past is not None):
+            if filters.as_of is not None:
+                chosen = self.held_at(filters.as_of) if past is None else past.held_at(filters.as_of)
+            else:
+                chosen = past.rows if include_superseded else past.current.values()
             index = self._scan()
-            held = {m.row_key for m in self.held_at(filters.as_of)}
+            held = {m.row_key for m in chosen}
             keep = lambda m: m.row_key in held and filters.keep(m)  # noqa: E731
         else:
             index = self._scan() if include_superseded else self._current_index()
@@ -368,13 +404,59 @@ class MemoryView:
                 out.append(m)
         return out
 
-    def relations(self, m: Memory) -> dict[str, Any]:
+    def past(self, entry_id: str) -> _Past:
+        """The store as the causal past of ``entry_id`` (an entry of this database) knew it;
+        MemoryInputError if the database holds no such entry."""
+        if not isinstance(entry_id, str) or self._db.entry(entry_id) is None:
+            raise MemoryInputError(f"as_known_at: this bank holds no entry {entry_id!r} "
+                                   "(an entry id of this bank, as recall and remember return it)")
+        index = self._scan()  # the past is cached with the scan: both last until the next change
+        if self._pasts[0] is not index:
+            self._pasts = (index, {})
+        cached = self._pasts[1].get(entry_id)
+        if cached is not None:
+            return cached
+        db = self._db
+        # One causal check per entry, not per row (an entry often carries many rows).
+        known = {i: i == entry_id or db.precedes(i, entry_id)
+                 for rows_ in self._history.values() for i in {m.entry_id for m in rows_}}
+        rows: list[Memory] = []
+        timelines: dict[str, list[Memory]] = {}
+        current: dict[str, Memory] = {}
+        tombs = self._tombs
+        order = _order_of
+        with _gc_paused():
+            # A key with tombstones only never held anything in this past: only keys with rows.
+            for key, history in self._history.items():
+                mine = [m for m in history if known[m.entry_id]]
+                if not mine:
+                    continue
+                rows += mine
+                timeline = mine + [m for m in tombs[key] if known.get(m.entry_id, False)] if key in tombs else mine
+                if len(timeline) > 1:
+                    timeline.sort(key=order, reverse=True)
+                timelines[key] = timeline
+                cur = current_in(key, timeline)
+                if cur is not None:
+                    current[key] = cur
+        past = _Past(rows, timelines, current)
+        if len(self._pasts[1]) >= _PAST_CACHE:
+            self._pasts[1].pop(next(iter(self._pasts[1])))
+        self._pasts[1][entry_id] = past
+        return past
+
+    def relations(self, m: Memory, as_known_at: str | None = None) -> dict[str, Any]:
         """``superseded_by`` (the next row of m's timeline, when m is not current) and
         ``conflicts`` (rows of m's key concurrent with m: neither entry in the other's causal
-        past), as result fields; empty when there are none."""
+        past), as result fields; empty when there are none. With ``as_known_at``: within the
+        causal past of that entry."""
         out: dict[str, Any] = {}
-        timeline = self.timeline(m.key)
-        if self.current(m.key) != m:
+        if as_known_at is None:
+            timeline, current = self.timeline(m.key), self.current(m.key)
+        else:
+            past = self.past(as_known_at)
+            timeline, current = past.timelines.get(m.key, []), past.current.get(m.key)
+        if current != m:
             newer = [r for r in timeline if r.order > m.order]
             if newer:
                 out["superseded_by"] = {"key": newer[-1].key, "entry": newer[-1].entry_id}
@@ -420,6 +502,7 @@ class MemoryView:
         self._retired: dict[str, Order] = {}  # key -> T order of the newest tombstone naming it
         self._seen: set[str] = set()  # row keys of every memory row seen (malformed ones too)
         self._pending: dict[str, dict[int, tuple[Order, np.ndarray]]] = {}  # row -> length -> vec
+        self._pasts: tuple[_Index | None, dict[str, _Past]] = (None, {})  # the scan they belong to
 
     def _current_index(self) -> _Index:
         if self._stale:

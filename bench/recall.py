@@ -165,11 +165,13 @@ def git_state() -> dict:
     def run(*cmd: str) -> str:
         try:
             return subprocess.run(["git", *cmd], cwd=HERE.parent, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+                                  timeout=10).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
-    dirty = [line[3:] for line in run("status", "--porcelain", "--", "auth", "crdt", "node").splitlines()]
-    return {"commit": run("rev-parse", "HEAD") or None, "library_files_changed": dirty}
+    # "XY path" lines: the path starts at column 3, so the output is not stripped first.
+    dirty = [line[3:] for line in run("status", "--porcelain", "--", "auth", "crdt", "node").splitlines()
+             if line.strip()]
+    return {"commit": run("rev-parse", "HEAD").strip() or None, "library_files_changed": dirty}
 
 
 def make_memories(msgs: list[str], seed: int) -> list[Mem]:
@@ -832,7 +834,7 @@ def print_time(by_size: dict[str, dict]) -> None:
     ]
     cols = list(by_size)
     w = max(len(name) for name, _ in rows)
-    cw = 22
+    cw = 26
     print()
     print("time-aware recall (a bank with a history)")
     print(f"{'':{w}}  " + "".join(f"{'N=' + c:>{cw}}" for c in cols))

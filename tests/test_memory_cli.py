@@ -5,15 +5,20 @@ import json
 
 import pytest
 
+from node.library import Node
+
 from tests.test_cli import mm
 
 
 @pytest.fixture
 def home(tmp_path):
+    # Made in-process (the same registry commands the CLI runs): the tests' own steps are the
+    # ones that go through `memmesh` processes.
     h = tmp_path / "node"
-    mm("init", home=h)
-    mm("embedder", "set", "none", home=h)
-    mm("agent", "new", "alpha", home=h)
+    node, _ = Node.init(h)
+    with node:
+        node.run("embedder.set", {"provider": "none"})
+        node.run("agent.new", {"name": "alpha"})
     return h
 
 

@@ -308,14 +308,16 @@ class Database(Ingestion, DerivedState):
 
     def on_stored(self, listener: Callable[[tuple[str, ...]], None]) -> Callable[[], None]:
         """Call ``listener(ids)`` after each commit that stored entries (local or received);
-        returns a function that removes it. This is what the sync daemon pushes from."""
+        returns a function that removes it. This is what the sync daemon pushes from. A
+        listener that raises is logged and skipped, as for on_outcome."""
         self._stored_listeners.append(listener)
         return lambda: self._stored_listeners.remove(listener) if listener in self._stored_listeners else None
 
     def on_outcome(self, listener: Callable[[Outcome], None]) -> Callable[[], None]:
         """Call ``listener(outcome)`` after each ingest (local or received) that accepted or refused
         something: which entries it accepted, which it refused and why; returns a function that
-        removes it. Called on the thread that ingested, after the commit: keep it quick."""
+        removes it. Called on the thread that ingested, after the commit: keep it quick. A
+        listener that raises is logged and skipped: the ingest stays committed and succeeds."""
         self._outcome_listeners.append(listener)
         return lambda: self._outcome_listeners.remove(listener) if listener in self._outcome_listeners else None
 

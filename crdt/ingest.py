@@ -28,6 +28,16 @@ from crdt.records import (  # noqa: I001
 log = logging.getLogger("crdt.database")
 
 
+def _notify(listener: Callable[..., None], what: object) -> None:
+    """Tell one observer what a committed ingest did. Its failure is logged, never raised: the
+    entries are stored, and an exception here would tell the writer (or the peer that sent
+    them) that they were not."""
+    try:
+        listener(what)
+    except Exception:
+        log.exception("an observer of database ingests failed (%r); the ingest itself is committed", listener)
+
+
 class Ingestion:
     """The pipeline's methods; state lives in Database (see Database._reset)."""
 
@@ -66,7 +76,7 @@ class Ingestion:
 
     def _tell(self, outcome: Outcome) -> None:
         for listener in list(self._outcome_listeners):
-            listener(outcome)
+            _notify(listener, outcome)
 
     def ingest_entries(self, entries: Sequence[Entry], *, source: str = "") -> IngestResult:
         """Like ingest, for entries already decoded by decode_entry (e.g. built locally)."""
@@ -212,7 +222,7 @@ class Ingestion:
         if staged and self._stored_listeners:
             ids = tuple(e.id for e in staged)
             for listener in list(self._stored_listeners):
-                listener(ids)
+                _notify(listener, ids)
         if self._outcome_listeners and (result.accepted or refused or displaced):
             self._tell(Outcome(
                 source, tuple((i, authors[i]) for i in result.accepted),

@@ -438,3 +438,30 @@ def test_mutated_entries_are_refused_and_change_nothing(data):
     assert state(d) == before
     # The original still goes in afterwards: a refused copy leaves no trace that blocks it.
     assert d.ingest([(e.header, dict(e.payloads))]).accepted == [e.id]
+
+
+def test_a_failing_observer_never_makes_a_committed_ingest_look_failed(caplog):
+    """Observers (the event stream, the sync daemon's push) run after the commit: if one raises,
+    the write and the received entries are still stored and reported as such."""
+    admin, alice, bob = key(1), key(2), key(3)
+    db = new_db(admin)
+    grant(db, admin, alice, "write")
+    grant(db, admin, bob, "write")
+    src = replica(db)
+
+    def broken(_what: object) -> None:
+        raise RuntimeError("observer bug")
+
+    db.on_stored(broken)
+    db.on_outcome(broken)
+    entry_id = write(db, alice, {"k": "local"})  # a local write: no exception, and it is stored
+    assert db.is_accepted(entry_id)
+    received = write(src, bob, {"k": "remote"})  # another writer: one key writes from one place
+    other = replica(db)  # has the local write, not src's entry
+    other.on_stored(broken)
+    other.on_outcome(broken)
+    feed(other, src)
+    assert other.is_accepted(received)
+    assert sum("observer of database ingests failed" in r.getMessage() for r in caplog.records) >= 2
+    reopened = Database.open(db.storage, db.id)
+    assert reopened.is_accepted(entry_id)

@@ -49,6 +49,13 @@ except ImportError:
 needs_browser = pytest.mark.skipif(_missing is not None, reason=_missing or "")
 
 
+def test_ci_runs_the_browser_tests():
+    """A developer without the browser skips the browser tests; CI must not (.ci/run installs
+    chromium), or a failed install would pass as a green run that checked no page."""
+    if os.environ.get("CI") and _missing is not None:
+        pytest.fail(f"CI is set but the browser tests would skip: {_missing}")
+
+
 # ---------------------------------------------------------------------- the page's routes
 async def test_the_page_is_served_without_a_token_and_the_api_still_needs_it(tmp_path):
     async def run(name: str, params: dict[str, Any]) -> Any:

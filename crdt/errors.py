@@ -11,7 +11,7 @@ from auth.errors import AuthError, KeyFormatError, MemmeshError, RejectedError
 
 __all__ = [
     "MemmeshError", "RejectedError", "AuthError", "KeyFormatError", "UpdateRejected",
-    "EntryRejected", "StorageError",
+    "EntryRejected", "StorageError", "DamagedError",
 ]
 
 
@@ -25,3 +25,9 @@ class EntryRejected(RejectedError):
 
 class StorageError(MemmeshError):
     """The durable store cannot do what was asked (full, corrupt, wrong version)."""
+
+
+class DamagedError(StorageError):
+    """Stored bytes fail their own checks (a torn or overwritten file, a damaged entry): what was
+    written is not what is read back. The message names the file and what to do (restore a
+    backup, or ``memmesh check --repair``, which fetches damaged entries again from peers)."""

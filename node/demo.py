@@ -136,8 +136,7 @@ class Demo:
         argv = (["--json"] if json_out else []) + list(args)
         self.say(f"$ memmesh --home {peer.name} {shlex.join(argv)}")
         try:
-            done = subprocess.run([*CLI, "--home", str(peer.home), *argv], capture_output=True, text=True,
-                                  stdin=subprocess.DEVNULL, timeout=COMMAND_TIMEOUT_S, check=False)
+            done = _run_step([*CLI, "--home", str(peer.home), *argv])
         except subprocess.TimeoutExpired:
             raise DemoFailed(f"`memmesh {args[0]}` on {peer.name} did not finish in {COMMAND_TIMEOUT_S:g} s") from None
         stdout, stderr = self.shown(done.stdout).rstrip("\n"), self.shown(done.stderr).rstrip("\n")
@@ -363,7 +362,40 @@ def _install(handler: Any) -> None:
         signal.signal(sig, handler)
 
 
+# A stop signal that lands while a step's process is being started is held until Popen has
+# returned: raised inside Popen (after the fork), it would leave that process running, as
+# nothing would have it to kill.
+_spawning = False
+_held: list[int] = []
+
+
+def _run_step(argv: list[str]) -> subprocess.CompletedProcess:
+    """subprocess.run(argv, capture_output=True, timeout=COMMAND_TIMEOUT_S), the step killed on
+    every way out, an interruption while it starts included."""
+    global _spawning
+    proc = None
+    try:
+        _spawning = True
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        finally:
+            _spawning = False
+        if _held:
+            raise Interrupted(_held.pop())
+        stdout, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+    except BaseException:
+        if proc is not None:
+            proc.kill()
+            proc.communicate()  # reaped, its pipes closed
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
 def _interrupt(signum: int, frame: object) -> None:
+    if _spawning:
+        _held.append(signum)
+        return
     raise Interrupted(signum)
 
 

@@ -1,4 +1,6 @@
-"""`memmesh explain`: why an entry was accepted or refused, through the command line."""
+"""`memmesh explain`: why an entry was accepted or refused, through the command line (its
+main() in this process, ``mm_here``; as separate `memmesh` processes where that is the point:
+an unknown id's exit code and line, a refusal explained by a later process)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +8,7 @@ import json
 import pytest
 
 from node import Node
-from tests.test_cli import mm
+from tests.test_cli import mm, mm_here
 
 
 @pytest.fixture
@@ -22,24 +24,25 @@ def home(tmp_path):
 
 
 def test_explain_an_accepted_entry_asks_every_database(home):
-    entry = json.loads(mm("remember", "alpha", "deploy", "nix build", "--bank", "notes", "--json",
+    entry = json.loads(mm_here("remember", "alpha", "deploy", "nix build", "--bank", "notes", "--json",
                           home=home).stdout)["entry"]
-    out = mm("explain", entry, home=home).stdout
+    out = mm_here("explain", entry, home=home).stdout
     assert "Accepted" in out and entry in out and "notes" in out
-    data = json.loads(mm("explain", entry, "--json", home=home).stdout)
+    data = json.loads(mm_here("explain", entry, "--json", home=home).stdout)
     assert data["entry"] == entry and data["name"] == "notes"
     assert data["explanation"].splitlines()[1].startswith("Accepted")
 
 
 def test_explain_with_bank_asks_only_that_bank(home):
-    entry = json.loads(mm("remember", "alpha", "k", "in alpha's own database", "--json", home=home).stdout)["entry"]
-    by_agent = json.loads(mm("explain", entry, "--bank", "alpha", "--json", home=home).stdout)
+    entry = json.loads(mm_here("remember", "alpha", "k", "in alpha's own database", "--json",
+                               home=home).stdout)["entry"]
+    by_agent = json.loads(mm_here("explain", entry, "--bank", "alpha", "--json", home=home).stdout)
     assert by_agent["name"] == "alpha" and "Accepted" in by_agent["explanation"]
-    elsewhere = mm("explain", entry, "--bank", "notes", home=home, check=False)
+    elsewhere = mm_here("explain", entry, "--bank", "notes", home=home, check=False)
     assert elsewhere.returncode == 1 and elsewhere.stdout == ""
     [line] = elsewhere.stderr.strip().splitlines()
     assert "not known to notes" in line
-    missing_bank = mm("explain", entry, "--bank", "no-such-bank", home=home, check=False)
+    missing_bank = mm_here("explain", entry, "--bank", "no-such-bank", home=home, check=False)
     assert missing_bank.returncode == 1 and "no bank 'no-such-bank'" in missing_bank.stderr
 
 

@@ -1,4 +1,10 @@
-"""The memory commands through the `memmesh` command line, as an operator types them."""
+"""The memory commands through the `memmesh` command line, as an operator types them.
+
+Most run through ``node.cli.main`` in this process (``mm_here``: the console script's code,
+output and exit code, without a cold interpreter per command); a refused command and a home
+that does not exist also run as separate `memmesh` processes (``mm``), for what only a process
+shows: its exit status and its whole stderr.
+"""
 from __future__ import annotations
 
 import json
@@ -7,13 +13,13 @@ import pytest
 
 from node.library import Node
 
-from tests.test_cli import mm
+from tests.test_cli import mm, mm_here
 
 
 @pytest.fixture
 def home(tmp_path):
-    # Made in-process (the same registry commands the CLI runs): the tests' own steps are the
-    # ones that go through `memmesh` processes.
+    # Made with the library (the same registry commands the CLI runs): the tests' own steps
+    # are the ones that go through the command line.
     h = tmp_path / "node"
     node, _ = Node.init(h)
     with node:
@@ -23,78 +29,80 @@ def home(tmp_path):
 
 
 def test_agents_new_and_list(home):
-    mm("agent", "new", "beta", home=home)
-    data = json.loads(mm("agent", "list", "--json", home=home).stdout)
+    mm_here("agent", "new", "beta", home=home)
+    data = json.loads(mm_here("agent", "list", "--json", home=home).stdout)
     assert [a["name"] for a in data["agents"]] == ["alpha", "beta"]
     assert all(a["key"].startswith("ed25519:") and a["id"].startswith("sha256:") for a in data["agents"])
-    dup = mm("agent", "new", "beta", home=home, check=False)
+    dup = mm_here("agent", "new", "beta", home=home, check=False)
     assert dup.returncode == 1 and "already" in dup.stderr
-    bad = mm("agent", "new", "no spaces", home=home, check=False)
+    bad = mm_here("agent", "new", "no spaces", home=home, check=False)
     assert bad.returncode == 1 and "not valid" in bad.stderr
 
 
 def test_remember_and_recall_shortcuts(home):
-    mm("remember", "alpha", "deploy process", "Build via nix build", "--tag", "ops", home=home)
-    out = mm("recall", "alpha", "deploy", home=home).stdout
+    mm_here("remember", "alpha", "deploy process", "Build via nix build", "--tag", "ops", home=home)
+    out = mm_here("recall", "alpha", "deploy", home=home).stdout
     assert "deploy process: Build via nix build [ops]" in out
-    data = json.loads(mm("recall", "alpha", "deploy", "--tag", "OPS", "--json", home=home).stdout)
+    data = json.loads(mm_here("recall", "alpha", "deploy", "--tag", "OPS", "--json", home=home).stdout)
     assert [m["value"] for m in data["memories"]] == ["Build via nix build"]
-    assert "No memories found" in mm("recall", "alpha", "zebra", home=home).stdout
-    mm("remember", "alpha", "deploy process", "Build via nix flakes", home=home)
-    current = json.loads(mm("recall", "alpha", "deploy", "--json", home=home).stdout)
+    assert "No memories found" in mm_here("recall", "alpha", "zebra", home=home).stdout
+    mm_here("remember", "alpha", "deploy process", "Build via nix flakes", home=home)
+    current = json.loads(mm_here("recall", "alpha", "deploy", "--json", home=home).stdout)
     assert [m["value"] for m in current["memories"]] == ["Build via nix flakes"]
-    everything = json.loads(mm("recall", "alpha", "deploy", "--all", "--json", home=home).stdout)
+    everything = json.loads(mm_here("recall", "alpha", "deploy", "--all", "--json", home=home).stdout)
     assert sorted(m["value"] for m in everything["memories"]) == ["Build via nix build", "Build via nix flakes"]
 
 
 def test_tool_errors_are_one_line_and_exit_1(home):
-    for args in (["tool", "alpha", "remember", "{not json"], ["tool", "alpha", "remember", '{"key": "k"}'],
-                 ["tool", "nobody", "recall", "{}"], ["tool", "alpha", "recall", '{"bank": "missing"}']):
-        proc = mm(*args, home=home, check=False)
-        assert proc.returncode == 1, args
+    cases = (["tool", "alpha", "remember", "{not json"], ["tool", "alpha", "remember", '{"key": "k"}'],
+             ["tool", "nobody", "recall", "{}"], ["tool", "alpha", "recall", '{"bank": "missing"}'])
+    for i, args in enumerate(cases):
+        proc = (mm if i == 0 else mm_here)(*args, home=home, check=False)  # one as its own process
+        assert proc.returncode == 1 and proc.stdout == "", args
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.startswith("memmesh: error: "), proc.stderr
 
 
 def test_embedder_set_show_and_reindex(home):
-    mm("remember", "alpha", "a", "first text", home=home)
-    data = json.loads(mm("embedder", "set", "hashed", "--json", home=home).stdout)
+    mm_here("remember", "alpha", "a", "first text", home=home)
+    data = json.loads(mm_here("embedder", "set", "hashed", "--json", home=home).stdout)
     assert data["provider"] == "hashed" and data["store"].startswith("embeddings:hashed/")
-    shown = json.loads(mm("embedder", "show", "--json", home=home).stdout)
+    shown = json.loads(mm_here("embedder", "show", "--json", home=home).stdout)
     assert shown["provider"] == "hashed" and shown["dim"] == data["dim"]
-    out = json.loads(mm("memory", "reindex", "alpha", "--json", home=home).stdout)
+    out = json.loads(mm_here("memory", "reindex", "alpha", "--json", home=home).stdout)
     assert out["embedded"] == 1
-    again = json.loads(mm("memory", "reindex", "alpha", "--json", home=home).stdout)
+    again = json.loads(mm_here("memory", "reindex", "alpha", "--json", home=home).stdout)
     assert again["embedded"] == 0
-    bad = mm("embedder", "set", "local", "--model", "no-such-model", home=home, check=False)
+    bad = mm_here("embedder", "set", "local", "--model", "no-such-model", home=home, check=False)
     assert bad.returncode == 1 and "no-such-model" in bad.stderr
-    assert json.loads(mm("embedder", "show", "--json", home=home).stdout)["provider"] == "hashed"
+    assert json.loads(mm_here("embedder", "show", "--json", home=home).stdout)["provider"] == "hashed"
 
 
 def test_bank_lifecycle(home):
-    mm("memory", "new", "notes", "Team notes", home=home)
-    mm("memory", "grant", "notes", "alpha", "write", home=home)
-    mm("remember", "alpha", "k", "in the bank", "--bank", "notes", home=home)
-    banks = json.loads(mm("memory", "list", "--json", home=home).stdout)
+    mm_here("memory", "new", "notes", "Team notes", home=home)
+    mm_here("memory", "grant", "notes", "alpha", "write", home=home)
+    mm_here("remember", "alpha", "k", "in the bank", "--bank", "notes", home=home)
+    banks = json.loads(mm_here("memory", "list", "--json", home=home).stdout)
     [b] = banks["banks"]
     assert b["name"] == "notes" and b["memories"] == 1 and b["description"] == "Team notes"
-    mm("memory", "attach", "notes", "--agent", "alpha", home=home)
-    block = mm("autorecall", "alpha", "what is in the bank?", home=home).stdout
+    mm_here("memory", "attach", "notes", "--agent", "alpha", home=home)
+    block = mm_here("autorecall", "alpha", "what is in the bank?", home=home).stdout
     assert "## Relevant Memories" in block and "_(from bank: notes)_" in block
-    mm("memory", "detach", "notes", "--agent", "alpha", home=home)
-    assert "from bank" not in mm("autorecall", "alpha", "what is in the bank?", home=home).stdout
-    mm("memory", "delete", "notes", home=home)
-    listed = json.loads(mm("memory", "list", "--json", home=home).stdout)
+    mm_here("memory", "detach", "notes", "--agent", "alpha", home=home)
+    assert "from bank" not in mm_here("autorecall", "alpha", "what is in the bank?", home=home).stdout
+    mm_here("memory", "delete", "notes", home=home)
+    listed = json.loads(mm_here("memory", "list", "--json", home=home).stdout)
     assert listed["banks"] == [] and listed["archived"][0]["name"] == "notes"
 
 
 def test_config_show_set_reset(home):
-    mm("memory", "config", "alpha", "set", "max_entries", "5", home=home)
-    shown = json.loads(mm("memory", "config", "alpha", "show", "--json", home=home).stdout)
+    mm_here("memory", "config", "alpha", "set", "max_entries", "5", home=home)
+    shown = json.loads(mm_here("memory", "config", "alpha", "show", "--json", home=home).stdout)
     assert shown["config"]["max_entries"] == 5
-    bad = mm("memory", "config", "alpha", "set", "max_entries", "25", home=home, check=False)
+    bad = mm_here("memory", "config", "alpha", "set", "max_entries", "25", home=home, check=False)
     assert bad.returncode == 1 and "1 to 20" in bad.stderr
-    mm("memory", "config", "alpha", "reset", home=home)
-    shown = json.loads(mm("memory", "config", "alpha", "show", "--json", home=home).stdout)
+    mm_here("memory", "config", "alpha", "reset", home=home)
+    shown = json.loads(mm_here("memory", "config", "alpha", "show", "--json", home=home).stdout)
     assert shown["config"]["max_entries"] == 3
 
 

@@ -146,11 +146,13 @@ def test_commands_go_through_serve_with_the_same_output_and_errors(home, capsys)
         assert server.info["node_key"].startswith("ed25519:")
         assert re.fullmatch(r"127\.0\.0\.1:\d+", server.info["listen"])
 
-        # Separate processes, as a user runs them. Each returns at once, though serve holds the
-        # lock that a direct open would wait 30 s for.
+        # Writes through main() in this process, then reads as separate processes, as a user runs
+        # them. Each returns at once, though serve holds the lock that a direct open would wait
+        # 30 s for.
+        for args in (("agent", "new", "alpha"), ("remember", "alpha", "k", "v")):
+            assert cli(capsys, home, *args)[0] == 0, args
         ran = {}
-        for args in (("agent", "new", "alpha"), ("remember", "alpha", "k", "v"), ("recall", "alpha", "k"),
-                     ("status", "--json")):
+        for args in (("recall", "alpha", "k"), ("status", "--json")):
             proc, took = timed(*args, home=home)
             assert proc.returncode == 0 and took < 10, (args, took, proc.stderr)
             ran[args] = proc
@@ -249,11 +251,11 @@ def test_a_signal_stops_serve_cleanly_and_keeps_what_was_acknowledged(home, sig)
 
 
 @pytest.mark.slow
-def test_a_killed_serve_leaves_a_stale_socket_that_the_next_command_reports(home):
+def test_a_killed_serve_leaves_a_stale_socket_that_the_next_command_reports(home, capsys):
     with Node.open(home) as node:
         node.run("agent.new", {"name": "alpha"})
     with serving(home) as server:
-        assert mm("remember", "alpha", "k", "before the kill", home=home).returncode == 0
+        assert cli(capsys, home, "remember", "alpha", "k", "before the kill")[0] == 0
         pid = server.proc.pid
         server.proc.kill()  # kill -9: no clean-up at all
         server.proc.wait(10)
@@ -315,13 +317,13 @@ def test_serve_refuses_what_it_cannot_do_in_one_line(home):
 
 
 @pytest.mark.slow
-def test_a_home_path_too_long_for_a_unix_socket_still_works(tmp_path):
+def test_a_home_path_too_long_for_a_unix_socket_still_works(tmp_path, capsys):
     deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 5) / "node"
     assert len(str(deep / SERVE_SOCK)) > 108
     Node.init(deep)[0].close()
     with serving(deep) as server:
-        proc, took = timed("--json", "status", home=deep)
-        assert proc.returncode == 0 and took < 10
+        code, out, _err = cli(capsys, deep, "--json", "status")  # the CLI's client, in this process
+        assert code == 0 and json.loads(out)["home"] == str(deep)
         assert "info control op=status status=ok" in server.log()
         assert server.stop() == 0
     assert not (deep / SERVE_SOCK).exists()

@@ -1,5 +1,5 @@
 """Sharing banks with tickets, between real homes over a real loopback HTTP server (in one
-process; the multi-process walkthrough is in tests/test_sync_processes.py)."""
+process; the multi-process walkthrough is `make demo`, run by tests/test_demo.py)."""
 from __future__ import annotations
 
 import time

@@ -32,6 +32,7 @@ erasure, shown rows, pycrdt documents); crdt/records.py the records they share.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -42,12 +43,13 @@ import pycrdt
 from auth.keys import SigningKey
 from auth.ops import GrantOp, RevokeOp
 from auth.permissions import Permission, holds
-from crdt.entry import Entry, decode_entry, sign_entry
+from crdt.entry import Entry, decode_entry, id_of, sign_entry
 from crdt.erasure import ERASE, UNERASABLE, EraseOp
-from crdt.errors import AuthError, MemmeshError, RejectedError, StorageError
+from crdt.errors import AuthError, DamagedError, MemmeshError, RejectedError, StorageError
 from crdt.pending import PendingArea, PendingLimits
 from crdt.refusals import Refusal, RefusalLog
-from crdt.storage import Storage
+from crdt.storage import Storage, StoredEntry
+from crdt.stored_check import Damage, check_stored
 from crdt.validity import AuthSettings, Evaluator, Verdict
 from crdt.yjs import Row, decode_append_update, encode_rows
 
@@ -62,9 +64,30 @@ from crdt.records import (  # noqa: F401  (re-exported: the database's public re
 
 log = logging.getLogger(__name__)
 
+_REPAIR = ("run: memmesh check --repair (it fetches damaged entries again from peers), "
+           "or restore a backup (memmesh restore)")
+
+
+# What reading a damaged log can raise: the adapter's errors, and values of the wrong type
+# where bytes or text were stored.
+_UNREADABLE = (StorageError, TypeError, ValueError)
+
+
+def _short(entry_id: str) -> str:
+    """An id short enough for one line: ``sha256:`` and 12 hex digits."""
+    return entry_id if len(entry_id) <= 19 else entry_id[:19] + "..."
+
+
+def _one_line(text: object) -> str:
+    return "".join(c if c.isprintable() else "?" for c in str(text))[:200]
+
 
 class Database(Ingestion, DerivedState):
     """One signed, append-only database, opened on a Storage."""
+
+    # Called before every local write (``_commit_local``); it raises to refuse the write. The
+    # node installs one (node/fence.py) so that crdt/ stays free of the node's policy.
+    write_guard: Callable[[], None] | None = None
 
     def __init__(self, storage: Storage, db_id: str, *, pending_limits: PendingLimits | None = None,
                  clock: Callable[[], int] | None = None) -> None:
@@ -155,27 +178,78 @@ class Database(Ingestion, DerivedState):
     def _load_all(self) -> None:
         self._reset()
         order: list[tuple[_Stored, dict[str, tuple[Row, ...]]]] = []
-        # Everything in storage passed the whole pipeline before it was written: the signatures
-        # are not checked again (that would be most of the cost of opening a database).
-        for s in self.storage.entries(self.id):
-            entry = decode_entry(s.header, s.payloads, verify_signature=False)
-            order.append(self._index(entry))
+        # Everything in storage passed the whole pipeline before it was written, so signatures
+        # are not checked again (that would be most of the cost of opening a database). Hashes
+        # are: an entry's id is the sha256 of its header, which holds its payloads' digests, so
+        # any change to stored bytes shows, for about one hash per entry (crdt/stored_check.py).
+        damaged: list[Damage] = []
+        dependent = 0  # intact entries that descend from a damaged one
+        seen: set[str] = set()  # intact entries read so far
+        lost: set[str] = set()  # entries that cannot be applied: damaged, or descending from one
+        try:
+            for s in self.storage.entries(self.id):
+                try:
+                    checked = check_stored(s, self.id)
+                except (TypeError, ValueError) as exc:  # a value of the wrong type where bytes were stored
+                    checked = Damage(str(s.id), "entry.format", f"its stored values are unreadable ({exc})")
+                if isinstance(checked, Damage):
+                    damaged.append(checked)
+                    lost.add(checked.entry_id)
+                    continue
+                before = (*checked.parents, *((checked.prev,) if checked.prev is not None else ()))
+                absent = [p for p in before if p not in seen]
+                if absent:
+                    lost.add(checked.id)
+                    if any(p in lost for p in absent):
+                        dependent += 1
+                    else:  # stored without its past: rows lost from the file, or an order changed
+                        damaged.append(Damage(checked.id, "entry.order",
+                                              f"it names {_short(absent[0])}, which is not stored before it"))
+                    continue
+                seen.add(checked.id)
+                if not damaged:  # nothing is applied from a damaged database: past that, only count
+                    order.append(self._index(checked))
+        except _UNREADABLE as exc:
+            raise self._unreadable(exc) from exc
+        if damaged:
+            first = damaged[0]
+            n = len(damaged)
+            more = f", and {dependent} more that depend on them" if dependent else ""
+            raise DamagedError(
+                f"{self._where()} is damaged: database {_short(self.id)} has {n} damaged stored "
+                f"entr{'y' if n == 1 else 'ies'} (the first, {_short(first.entry_id)}: {_one_line(first.detail)}){more}; "
+                f"{_REPAIR}"
+            )
         self._rebuild_verdicts()
         self._recompute_erasure()
         self._recount()
         self._live = {}
         for node, rows in order:
             self._show(node, rows)
-        self._pending.load()
-        for record in self._pending.records():
-            stored = self._pending.stored(record.id)
-            update = stored.payloads.get(ERASE) if stored is not None else None
-            if update is not None:
-                try:
-                    entry = decode_entry(stored.header, stored.payloads, verify_signature=False)
-                    self._note_pending_erases(entry, check_payload_shape(ERASE, entry.stores[ERASE], update).erases)
-                except RejectedError:
-                    continue
+        # Pending entries are checked in full when they leave the area: a damaged one is refused
+        # then, never applied. Here only reading them must not fail with anything but one line.
+        try:
+            self._pending.load()
+            for record in self._pending.records():
+                stored = self._pending.stored(record.id)
+                update = stored.payloads.get(ERASE) if stored is not None else None
+                if update is not None:
+                    try:
+                        entry = decode_entry(stored.header, stored.payloads, verify_signature=False)
+                        self._note_pending_erases(entry, check_payload_shape(ERASE, entry.stores[ERASE], update).erases)
+                    except RejectedError:
+                        continue
+        except _UNREADABLE as exc:
+            raise self._unreadable(exc) from exc
+
+    def _where(self) -> str:
+        path = getattr(self.storage, "path", None)  # SqliteStorage has one; MemoryStorage may not
+        return str(path) if path else f"the storage ({type(self.storage).__name__})"
+
+    def _unreadable(self, exc: BaseException) -> DamagedError:
+        if isinstance(exc, DamagedError):
+            return exc  # the adapter named the file and what to do
+        return DamagedError(f"{self._where()}: database {_short(self.id)} cannot be read ({_one_line(exc)}); {_REPAIR}")
 
     def _note_pending_erases(self, entry: Entry, erases: Sequence[EraseOp]) -> None:
         for op in erases:
@@ -282,9 +356,16 @@ class Database(Ingestion, DerivedState):
     def page(self, ids: Sequence[str], max_bytes: int) -> tuple[list[tuple[bytes, dict[str, bytes | None]]], int]:
         """Entries to send, as (header, payloads), from the start of ``ids`` until ``max_bytes``
         (at least one entry); returns them and how many ids they cover. Erased payloads travel
-        as erased (None)."""
+        as erased (None).
+
+        Damaged bytes are never handed out. Each entry is hashed again as it is read (cheap next
+        to sending it): one whose header no longer hashes to its id is left out, and a payload
+        that no longer matches its signed digest travels as not held (None), so the peer fetches
+        it from another replica. Either is logged: the disk changed what was verified when it
+        was stored, and `memmesh check --repair` moves it aside and fetches it again."""
         out: list[tuple[bytes, dict[str, bytes | None]]] = []
         total = 0
+        covered = 0
         for entry_id in ids:
             stored = self.storage.get(self.id, entry_id)
             if stored is None:
@@ -292,9 +373,32 @@ class Database(Ingestion, DerivedState):
             size = stored.size
             if out and total + size > max_bytes:
                 break
-            out.append((stored.header, dict(stored.payloads)))
+            covered += 1
+            payloads = self._intact_payloads(entry_id, stored)
+            if payloads is None:
+                continue
+            out.append((stored.header, payloads))
             total += size
-        return out, len(out)
+        return out, covered
+
+    def _intact_payloads(self, entry_id: str, stored: StoredEntry) -> dict[str, bytes | None] | None:
+        """The payloads of ``stored`` that still match the header's digests (the others None),
+        or None when the header itself no longer hashes to ``entry_id``."""
+        if id_of(stored.header) != entry_id:
+            log.error("stored entry %s of database %s no longer hashes to its id (damaged on disk); not sent "
+                      "to the peer: run memmesh check --repair", entry_id, self.id)
+            return None
+        node = self._nodes.get(entry_id)
+        payloads = dict(stored.payloads)
+        for store, data in payloads.items():
+            if data is None:
+                continue
+            desc = node.entry.stores.get(store) if node is not None else None
+            if desc is None or len(data) != desc.length or hashlib.sha256(data).digest() != desc.sha256:
+                log.error("the %s payload of stored entry %s of database %s fails its signed digest (damaged on "
+                          "disk); sent as not held: run memmesh check --repair", store, entry_id, self.id)
+                payloads[store] = None
+        return payloads
 
     def height_of(self, entry_id: str) -> int | None:
         node = self._nodes.get(entry_id)
@@ -305,6 +409,14 @@ class Database(Ingestion, DerivedState):
         a, b = self._nodes.get(earlier), self._nodes.get(later)
         return (a is not None and b is not None and a.entry.id != b.entry.id
                 and b.vv.get(a.author_key, -1) >= a.entry.seq)
+
+    def past_vector(self, entry_id: str) -> dict[str, int] | None:
+        """The version vector of a stored entry's causal past, the entry itself included
+        (author key -> highest seq); None if not stored. An entry x is ``entry_id`` or one of
+        its ancestors exactly when ``vv.get(x's author key, -1) >= x.seq`` (what
+        :meth:`precedes` checks), so a reader can test many entries against one past at once."""
+        node = self._nodes.get(entry_id)
+        return None if node is None else dict(node.vv)
 
     def on_stored(self, listener: Callable[[tuple[str, ...]], None]) -> Callable[[], None]:
         """Call ``listener(ids)`` after each commit that stored entries (local or received);
@@ -468,6 +580,8 @@ class Database(Ingestion, DerivedState):
 
     def _commit_local(self, key: SigningKey, staged: Mapping[str, list[Any]],
                       base: Mapping[str, int] | None = None) -> str:
+        if self.write_guard is not None:
+            self.write_guard()
         author = str(key.public)
         client = _client(key)
         needed = "admin" if SETTINGS in staged else "write"

@@ -11,7 +11,8 @@ from auth.errors import AuthError, KeyFormatError, MemmeshError, RejectedError
 
 __all__ = [
     "MemmeshError", "RejectedError", "AuthError", "KeyFormatError", "UpdateRejected",
-    "EntryRejected", "StorageError", "DamagedError",
+    "EntryRejected", "StorageError", "DamagedError", "WriteFailedError", "DiskFullError", "DiskIOError",
+    "ReadOnlyError", "PendingFullError",
 ]
 
 
@@ -31,3 +32,26 @@ class DamagedError(StorageError):
     """Stored bytes fail their own checks (a torn or overwritten file, a damaged entry): what was
     written is not what is read back. The message names the file and what to do (restore a
     backup, or ``memmesh check --repair``, which fetches damaged entries again from peers)."""
+
+
+class WriteFailedError(StorageError):
+    """A write that could not commit (the disk refused it): it was rolled back, so nothing of it
+    is stored, and the same write may be tried again once the cause is gone. Reads still work."""
+
+
+class DiskFullError(WriteFailedError):
+    """No room to write: the disk holding the file is full, or the file reached this process's
+    file size limit (``ulimit -f``)."""
+
+
+class DiskIOError(WriteFailedError):
+    """The operating system reported an I/O error while writing (a failing disk, a lost mount)."""
+
+
+class ReadOnlyError(WriteFailedError):
+    """The file, its directory or its file system may not be written by this process."""
+
+
+class PendingFullError(StorageError):
+    """The storage's bound on entries waiting in the pending area refused one more: a refusal of
+    that entry (``entry.pending_full``), not a failure of the disk."""

@@ -13,7 +13,7 @@ from auth.ops import GrantOp, RevokeOp
 from auth.permissions import ADMIN, WRITE, holds
 from crdt.entry import Entry, decode_entry, decode_many, id_of
 from crdt.erasure import UNERASABLE, EraseOp
-from crdt.errors import AuthError, EntryRejected, MemmeshError, RejectedError, StorageError
+from crdt.errors import AuthError, EntryRejected, MemmeshError, PendingFullError, RejectedError, StorageError
 from crdt.storage import StoredEntry
 from crdt.validity import Event
 from crdt.yjs import Row
@@ -68,11 +68,22 @@ class Ingestion:
                 digest = id_of(bytes(header)) if isinstance(header, (bytes, bytearray, memoryview)) else None
                 result.rejected.append((digest, item.reason, str(item)))
                 refused.append((digest or "sha256:-", item.reason, str(item)))
-        self._refusals.record(refused, source)
+        self._record_refusals(refused, source)
         if refused:
             self._tell(Outcome(source, (), tuple(Refused(i, None, r, d, source) for i, r, d in refused)))
         result.merge(self._ingest(entries, local=False, source=source))
         return result
+
+    def _record_refusals(self, items: list[tuple[str, str, str]], source: str,
+                         authors: Mapping[str, str] | None = None) -> None:
+        """Write refusal records, best effort. They are what ``explain`` answers from, never data:
+        when the disk cannot take them the refused entries are still not stored (the peer sends
+        them again and they are refused again), and the error that matters is the ingest's own:
+        a failure here must neither hide it nor fail an ingest that committed."""
+        try:
+            self._refusals.record(items, source, authors=authors)
+        except StorageError as exc:
+            log.warning("could not record %d refusal(s) from %s: %s", len(items), source or "an unnamed source", exc)
 
     def _tell(self, outcome: Outcome) -> None:
         for listener in list(self._outcome_listeners):
@@ -145,7 +156,9 @@ class Ingestion:
                         continue
                     try:
                         evicted = self._pending.put(_stored(entry), entry.author_key, missing, source)
-                    except StorageError as exc:
+                    except PendingFullError as exc:
+                        # Only the storage's bound is a refusal of the entry; any other
+                        # StorageError (a full disk) fails the whole batch below.
                         refuse(entry.id, EntryRejected("entry.pending_full", str(exc)))
                         continue
                     for record in evicted:
@@ -202,12 +215,12 @@ class Ingestion:
             self._load()
             raise
         finally:
-            self._refusals.record(refused, source, authors=authors)
+            self._record_refusals(refused, source, authors=authors)
             by_source: dict[str, list[tuple[str, str, str]]] = {}
             for src, entry_id, reason, detail in displaced:
                 by_source.setdefault(src, []).append((entry_id, reason, detail))
             for src, items in by_source.items():
-                self._refusals.record(items, src, authors=authors)
+                self._record_refusals(items, src, authors=authors)
         if rebuild:
             accepted_now = {e.id for e in staged if self.is_accepted(e.id)}
             result.accepted = [e.id for e in staged if e.id in accepted_now]

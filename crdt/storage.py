@@ -17,6 +17,10 @@ What is stored
   ``get_pending`` asks for them. Bounded (entry count and bytes per database) as a backstop so
   that a peer cannot fill the disk with orphans.
 * **Peer-local records** (never synced): small namespaced key/value byte strings.
+* **The damaged area**, per database: entries that `memmesh check --repair` moved aside (their
+  bytes fail their own checks, or they descend from one that does), kept as found with a
+  ``DamagedRecord`` for inspection. Nothing in it is ever applied, served or counted as
+  stored: ``entries``, ``get``, ``has`` and ``count`` do not see it.
 
 Semantics every adapter follows
 -------------------------------
@@ -34,6 +38,11 @@ Semantics every adapter follows
   area only through ``drop_pending`` or ``append(..., drop_pending=...)``.
 * ``put_local_many`` is one atomic transaction, like ``append``: every record or none. Within
   one call a key given twice takes the last value, as successive ``put_local`` calls would.
+* ``move_aside`` is one atomic transaction too: every ``Aside`` of the call or none. An entry
+  moved from the log or the pending area leaves it; an ``Aside`` naming ``stores`` keeps the
+  entry in the log with just those payloads made ``None`` (not received, so sync fetches them
+  again) and keeps a copy as found. An id already aside is replaced by the new copy, in the
+  same place. An entry that is not where the ``Aside`` says raises ``StorageError``.
 * Operations on a database that was never added raise ``StorageError``; so do
   ``erase_payload`` and ``fill_payload`` on an unknown entry or store, a full pending area, and
   any use after ``close()``. Arguments of the wrong type raise ``TypeError``, malformed values
@@ -56,16 +65,20 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from crdt.errors import StorageError
+from crdt.errors import PendingFullError, StorageError
 
 __all__ = [
     "DEFAULT_MAX_PENDING",
     "DEFAULT_MAX_PENDING_BYTES",
+    "ASIDE_ORIGINS",
+    "Aside",
+    "DamagedRecord",
     "MemoryStorage",
     "PendingRecord",
     "Storage",
     "StorageError",
     "StoredEntry",
+    "check_asides",
     "check_bytes",
     "check_ids",
     "check_label",
@@ -107,6 +120,35 @@ class PendingRecord:
     received_ms: int  # when it was put, caller's clock in ms (>= 0)
     size: int  # StoredEntry.size of the stored copy
     missing: tuple[str, ...]  # parent ids it waits for (may be empty: it waits for payloads only)
+
+
+ASIDE_ORIGINS = ("log", "pending")
+
+
+@dataclass(frozen=True, slots=True)
+class Aside:
+    """One entry for ``move_aside``: where it is now, and why it goes to the damaged area."""
+
+    entry_id: str
+    reason: str  # a stable code: the check's (entry.id, entry.payload, ..., entry.orphaned: docs/architecture.md)
+    detail: str = ""  # the sentence for people
+    origin: str = "log"  # "log" or "pending": where the entry is now
+    # Log only: the entry stays in the log with just these payloads made None (their bytes fail
+    # the header's digests, the header is intact); a copy as found is kept aside.
+    stores: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedRecord:
+    """What the damaged area keeps beside an entry's bytes (as ``pending`` does for pending)."""
+
+    id: str  # the id it was stored under
+    origin: str  # "log" or "pending": where it was found
+    reason: str
+    detail: str
+    moved_ms: int  # when it was moved aside, caller's clock in ms
+    size: int  # StoredEntry.size of the copy kept
+    stores: tuple[str, ...] = ()  # the payloads made None in the log; () when the whole entry moved
 
 
 # --------------------------------------------------------------------------- validation
@@ -172,7 +214,9 @@ def freeze_payloads(payloads: Mapping[str, bytes | None]) -> Mapping[str, bytes 
 
 
 def pending_full_error(db_id: str, count: int, nbytes: int, max_pending: int, max_bytes: int) -> StorageError:
-    return StorageError(
+    # Its own type: ingestion reports this bound as a refusal of the entry, any other
+    # StorageError (a full disk) as a failure of this node.
+    return PendingFullError(
         f"pending area full for database {db_id}: it would hold {count} entries / {nbytes} bytes "
         f"waiting for parents or payloads (limits: {max_pending} entries, {max_bytes} bytes); "
         "drop pending entries or fetch their parents first"
@@ -207,6 +251,29 @@ def check_pending(
     source_s = check_label(source, "source")
     received = check_millis(received_ms, "received_ms")
     return stored, PendingRecord(stored.id, author_s, source_s, received, stored.size, missing_t)
+
+
+def check_asides(moves: object, moved_ms: object) -> tuple[list[Aside], int]:
+    """Validate a move_aside call before anything is moved."""
+    if isinstance(moves, (str, bytes, Mapping)) or not isinstance(moves, Iterable):
+        raise TypeError(f"moves must be a sequence of Aside, not {type(moves).__name__}")
+    out: list[Aside] = []
+    seen: set[str] = set()
+    for move in moves:
+        if not isinstance(move, Aside):
+            raise TypeError(f"expected an Aside, not {type(move).__name__}")
+        entry_id = check_name(move.entry_id, "entry id")
+        if entry_id in seen:
+            raise ValueError(f"entry {entry_id} is named twice in one move_aside")
+        seen.add(entry_id)
+        if move.origin not in ASIDE_ORIGINS:
+            raise ValueError(f"origin must be one of {ASIDE_ORIGINS}, got {move.origin!r}")
+        stores = check_ids(move.stores, "store name")
+        if stores and move.origin != "log":
+            raise ValueError(f"only an entry of the log keeps its place with some payloads made None ({entry_id})")
+        out.append(Aside(entry_id, check_name(move.reason, "reason"), check_label(move.detail, "detail"),
+                         move.origin, tuple(sorted(set(stores)))))
+    return out, check_millis(moved_ms, "moved_ms")
 
 
 def check_local_items(items: object) -> list[tuple[str, bytes]]:
@@ -307,6 +374,26 @@ class Storage(ABC):
     def drop_pending(self, db_id: str, entry_ids: Sequence[str]) -> None:
         """Remove pending entries; unknown ids are ignored."""
 
+    # --- the damaged area: kept for inspection, never applied or served ---
+    @abstractmethod
+    def move_aside(self, db_id: str, moves: Sequence[Aside], *, moved_ms: int = 0) -> None:
+        """Move entries to the damaged area in ONE atomic transaction (see the module
+        docstring): each leaves the log or the pending area, or with ``Aside.stores`` stays in
+        the log with those payloads made None, a copy kept aside. Raises StorageError, changing
+        nothing, if an entry is not where its Aside says."""
+
+    @abstractmethod
+    def damaged(self, db_id: str) -> list[DamagedRecord]:
+        """The records of the damaged area (no bytes), in the order first moved aside."""
+
+    @abstractmethod
+    def get_damaged(self, db_id: str, entry_id: str) -> StoredEntry | None:
+        """The copy kept aside, exactly as it was found, or None."""
+
+    @abstractmethod
+    def drop_damaged(self, db_id: str, entry_ids: Sequence[str]) -> None:
+        """Remove entries from the damaged area; unknown ids are ignored."""
+
     # --- peer-local data (never synced) ---
     @abstractmethod
     def get_local(self, ns: str, key: str) -> bytes | None: ...
@@ -342,13 +429,15 @@ class Storage(ABC):
 
 
 class _Db:
-    __slots__ = ("log", "order", "pending", "pending_bytes")
+    __slots__ = ("log", "order", "pending", "pending_bytes", "aside")
 
     def __init__(self) -> None:
         self.log: dict[str, StoredEntry] = {}
-        self.order: list[str] = []  # append order; the log only grows, so positions are stable
+        # Append order. Only move_aside removes from it (a repair, with no reader iterating).
+        self.order: list[str] = []
         self.pending: dict[str, tuple[StoredEntry, PendingRecord]] = {}  # insertion = order
         self.pending_bytes = 0  # sum of PendingRecord.size over ``pending``
+        self.aside: dict[str, tuple[StoredEntry, DamagedRecord]] = {}  # insertion = order
 
     def unpend(self, entry_id: str) -> None:
         item = self.pending.pop(entry_id, None)
@@ -514,6 +603,55 @@ class MemoryStorage(Storage):
             db = self._db(db_id)
             for entry_id in check_ids(entry_ids, "pending entry id"):
                 db.unpend(entry_id)
+
+    # --- damaged area
+    def move_aside(self, db_id: str, moves: Sequence[Aside], *, moved_ms: int = 0) -> None:
+        with self._lock:
+            db = self._db(db_id)
+            checked, when = check_asides(moves, moved_ms)
+            # Find every entry first: a missing one fails the call before anything moves.
+            found: list[tuple[Aside, StoredEntry]] = []
+            for move in checked:
+                if move.origin == "log":
+                    entry = db.log.get(move.entry_id)
+                else:
+                    item = db.pending.get(move.entry_id)
+                    entry = None if item is None else item[0]
+                if entry is None:
+                    raise StorageError(f"cannot move aside: no entry {move.entry_id} in the {move.origin} "
+                                       f"of database {db_id}")
+                found.append((move, entry))
+            removed: set[str] = set()
+            for move, entry in found:
+                if move.origin == "pending":
+                    db.unpend(entry.id)
+                elif move.stores:
+                    payloads = dict(entry.payloads)
+                    payloads.update({s: None for s in move.stores})
+                    db.log[entry.id] = StoredEntry(entry.id, entry.header, freeze_payloads(payloads))
+                else:
+                    del db.log[entry.id]
+                    removed.add(entry.id)
+                record = DamagedRecord(entry.id, move.origin, move.reason, move.detail, when, entry.size, move.stores)
+                db.aside[entry.id] = (entry, record)  # an id already aside keeps its place
+            if removed:
+                db.order = [i for i in db.order if i not in removed]
+
+    def damaged(self, db_id: str) -> list[DamagedRecord]:
+        with self._lock:
+            return [record for _, record in self._db(db_id).aside.values()]
+
+    def get_damaged(self, db_id: str, entry_id: str) -> StoredEntry | None:
+        with self._lock:
+            db = self._db(db_id)
+            item = db.aside.get(check_name(entry_id, "entry id"))
+            return None if item is None else item[0]
+
+    def drop_damaged(self, db_id: str, entry_ids: Sequence[str]) -> None:
+        with self._lock:
+            db = self._db(db_id)
+            for entry_id in check_ids(entry_ids, "damaged entry id"):
+                db.aside.pop(entry_id, None)
 
     # --- local
     def get_local(self, ns: str, key: str) -> bytes | None:

@@ -37,7 +37,8 @@ class ProgressBars:
         label = event.get("bank")
         if self._bar is None or label != self._label:
             self.close()
-            self._bar = tqdm(total=event["total"], unit="memory", desc=label, file=sys.stderr, disable=None)
+            self._bar = tqdm(total=event["total"], unit=event.get("unit", "memory"), desc=label, file=sys.stderr,
+                             disable=None)
             self._label = label
         self._bar.update(event["done"] - self._bar.n)
         if event["done"] >= event["total"]:
@@ -101,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR, format="memmesh: %(message)s")
     from node.home import default_home
 
-    home = args.home or default_home()
+    home = getattr(args, "home", None) or default_home()
     bars = ProgressBars()
     try:
         name, params = command_of(args)
@@ -121,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (e.g. `| grep -q`): not an error of ours. Point stdout at
         # /dev/null so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    return result.exit_code
 
 
 if __name__ == "__main__":

@@ -36,11 +36,12 @@ class CommandLineError(MemmeshError):
 def build_parser(registry: Registry = REGISTRY) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON")
+    # Before or after the command (`memmesh restore SRC --home DIR`); not given: no attribute.
+    common.add_argument("--home", type=Path, default=argparse.SUPPRESS,
+                        help="node home directory (default: $MEMMESH_HOME or the per-user data directory)")
 
     p = argparse.ArgumentParser(prog="memmesh", description="A peer-to-peer replicated memory node for AI agents.",
                                 parents=[common])
-    p.add_argument("--home", type=Path, default=None,
-                   help="node home directory (default: $MEMMESH_HOME or the per-user data directory)")
     top = p.add_subparsers(dest="_level0", required=True, metavar="COMMAND")
     groups: dict[str, Any] = {}
     for cmd in registry:

@@ -16,7 +16,7 @@ The protocol (one HTTP/1.1 request per command over the socket):
     POST /run  {"name": "memory.reindex", "params": {"bank": "notes"}}
     -> 200, application/x-ndjson, one JSON object per line:
        {"event": {"event": "progress", "bank": "notes", "done": 32, "total": 100}}   (0..n)
-       {"ok": true, "data": ..., "text": "...", "warnings": [...]}                 (last)
+       {"ok": true, "data": ..., "text": "...", "warnings": [...], "exit_code": 0} (last)
        {"ok": false, "error": "ParamsError", "type": "node.commands.params.ParamsError",
         "message": "...", "exit": 1}                                               (or this)
     GET /status -> {"serve": <serve.json>, "sync": <SyncService.status()>}
@@ -159,7 +159,8 @@ class ControlClient:
         if final is None:
             raise self._lost(name)
         if final["ok"]:
-            return Result(final.get("data"), final.get("text", ""), list(final.get("warnings", [])))
+            return Result(final.get("data"), final.get("text", ""), list(final.get("warnings", [])),
+                          int(final.get("exit_code", 0)))
         raise rebuild_error(final)
 
     def status(self) -> dict[str, Any]:

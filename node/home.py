@@ -4,6 +4,9 @@ Layout (docs/architecture.md):
     HOME/node.sqlite      the SQLite storage: signed logs, pending entries, peer-local data
     HOME/keys/peer.key    the node's peer key (0600); agent and bank keys live beside it
     HOME/api.token        the local HTTP API's bearer token (0600; node/api/token.py)
+
+A home that lost its peer key or its storage file is refused with one line (``check_files``),
+never initialised again: a new peer key would make it another node to every peer.
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from typing import Any, Callable
 from auth.errors import MemmeshError
 from auth.keys import SigningKey
 from crdt.database import Database
+from crdt.errors import DamagedError
 from node.api.token import create_token
-from node.keystore import load_key, save_key
+from node.keystore import KeyStoreError, load_key, save_key
 from node.registry import Registry
 from node.storage import SqliteStorage
 
@@ -100,10 +104,38 @@ class Home:
     def is_initialised(home: Path | str) -> bool:
         return (Path(home) / KEYS_DIR / PEER_KEY).exists()
 
+    @staticmethod
+    def check_files(home: Path | str) -> None:
+        """Refuse a home that lost its peer key or its storage (one line: which file, what to do).
+
+        Without this, a home whose keys/peer.key was lost would be initialised again with a new
+        peer key (another node, to every peer), and one whose node.sqlite was lost or emptied
+        would open as a new, empty node beside its agents' keys."""
+        home = Path(home)
+        keys = home / KEYS_DIR
+        storage = home / STORAGE_FILE
+        others = sorted(p.name for p in keys.glob("*.key") if p.name != PEER_KEY) if keys.is_dir() else []
+        stored = storage.is_file() and storage.stat().st_size > 0
+        if not (keys / PEER_KEY).exists():
+            if stored or others:
+                holds = f"{storage}" if stored else f"the keys {', '.join(others[:3])}"
+                raise KeyStoreError(
+                    f"key file {keys / PEER_KEY} is missing, but {home} holds a node ({holds}): the node's identity "
+                    "is gone, and a new key would make it another node; restore keys/peer.key from a backup "
+                    "(memmesh backup copies keys/)"
+                )
+        elif others and not stored:
+            raise DamagedError(
+                f"{storage} is {'empty' if storage.is_file() else 'missing'}, but {keys} holds this node's keys "
+                f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}): the node's data is gone; "
+                "restore a backup (memmesh restore)"
+            )
+
     @classmethod
     def init(cls, home: Path | str) -> tuple["Home", bool]:
         """Create the node in ``home`` if it is new; returns (node, created)."""
         home = Path(home)
+        cls.check_files(home)
         created = not cls.is_initialised(home)
         if created:
             home.mkdir(parents=True, exist_ok=True, mode=0o700)  # the home holds keys and the control socket
@@ -116,18 +148,32 @@ class Home:
     @classmethod
     def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> "Home":
         home = Path(home)
+        cls.check_files(home)
         if not cls.is_initialised(home):
             if create:
                 return cls.init(home)[0]
             raise NotInitialised(f"no memmesh node in {home}; run: memmesh --home {home} init")
         lock_fd = _lock_home(home, lock_timeout)
         try:
+            cls.check_files(home)  # again under the lock: the files may have changed while it waited
             peer_key = load_key(home / KEYS_DIR / PEER_KEY)
             storage = SqliteStorage(home / STORAGE_FILE)
         except BaseException:
             os.close(lock_fd)
             raise
         return cls(home, storage, peer_key, lock_fd)
+
+    def verify(self) -> None:
+        """Check the whole home as serve does before it starts: every key file loads, SQLite's
+        quick_check of the storage file, then every database opened (each stored entry hashed
+        against its id, node/storage.py and crdt/database.py). Raises the one-line error of
+        the first problem. quick_check reads the whole file (about 110 ms at 100k entries), so
+        a one-shot command does not run it; docs/architecture.md, "Opening a damaged home"."""
+        for path in sorted((self.home / KEYS_DIR).glob("*.key")):
+            load_key(path)
+        self.storage.quick_check()
+        for db_id in self.database_ids():
+            self.database(db_id)
 
     def close(self) -> None:
         self._databases.clear()
@@ -156,6 +202,19 @@ class Home:
 
     def load_key(self, name: str) -> SigningKey:
         return load_key(self.key_path(name))
+
+    def load_creator_key(self, name: str, db: Database) -> SigningKey:
+        """The key in keys/NAME.key, which signed ``db``'s root (an agent's own database). A key
+        file has no checksum: one changed character can still decode, to another key, which
+        would make the agent someone else; its database says whose key it must be."""
+        key = self.load_key(name)
+        root = db.entry(db.id)
+        if root is not None and root.author_key != str(key.public):
+            raise KeyStoreError(
+                f"key file {self.key_path(name)} is damaged: it holds another key than the one that created "
+                f"database {db.id[:19]}...; restore it from a backup (memmesh backup copies keys/)"
+            )
+        return key
 
     # ------------------------------------------------------------------ databases
     def database_ids(self) -> list[str]:

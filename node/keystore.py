@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from auth.errors import KeyFormatError, MemmeshError
+from auth.errors import MemmeshError
 from auth.keys import SigningKey, decode_private, encode_private
 
 
 class KeyStoreError(MemmeshError):
-    """A key file is missing, unreadable or readable by others."""
+    """A key file is missing, truncated, damaged or readable by others."""
 
 
 def save_key(path: Path, key: SigningKey) -> None:
@@ -33,17 +33,33 @@ def save_key(path: Path, key: SigningKey) -> None:
     os.chmod(path, 0o600)  # the umask may have narrowed it further; never wider
 
 
+_RESTORE = "restore it from a backup (memmesh backup copies keys/)"
+
+
 def load_key(path: Path) -> SigningKey:
+    """The key in ``path``; a missing, truncated or damaged file is one line naming it and saying
+    to restore it (a private key exists nowhere else: it cannot be fetched from peers)."""
     try:
         st = path.stat()
     except FileNotFoundError as exc:
-        raise KeyStoreError(f"no key file at {path}") from exc
+        raise KeyStoreError(f"key file {path} is missing; {_RESTORE}") from exc
     if st.st_mode & 0o077:
         raise KeyStoreError(
             f"key file {path} is readable by other users (mode {st.st_mode & 0o777:o}); "
             f"run: chmod 600 {path}"
         )
+    data = path.read_bytes().strip()
+    if not data:
+        raise KeyStoreError(f"key file {path} is empty (truncated); {_RESTORE}")
     try:
-        return decode_private(path.read_bytes())
-    except KeyFormatError as exc:
-        raise KeyStoreError(f"key file {path} is damaged: {exc}") from exc
+        return decode_private(data)
+    except ValueError:  # KeyFormatError is one; the decoder's text may quote the key: never shown
+        if len(data) < _LENGTH and (data.startswith(_PREFIX) or _PREFIX.startswith(data)):
+            what = f"truncated: {len(data)} of its {_LENGTH} characters"
+        else:
+            what = "damaged: it does not hold an Ed25519 private key"
+        raise KeyStoreError(f"key file {path} is {what}; {_RESTORE}") from None
+
+
+_PREFIX = b"ed25519-private:"
+_LENGTH = len(_PREFIX) + 43  # the prefix and a 32-byte seed in unpadded base64url

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from node.commands import REGISTRY, EventSink, Result
+from node.fence import install as install_fence
 from node.home import Home
 from node.memory.agents import Agents
 from node.memory.embedders import Embedder, EmbedderConfig, default_provider, make_embedder
@@ -35,6 +36,7 @@ class Node(Home):
         # Set by serve while it runs: its listeners, discovery, start time (for `status`).
         self.serve_info: dict[str, Any] | None = None
         self._sync: SyncState | None = None
+        install_fence(self)  # a fenced database refuses local writes (node/fence.py)
 
     @classmethod
     def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = 30.0) -> "Node":
@@ -106,6 +108,8 @@ def run_in_home(home: Path | str, name: str, params: dict[str, Any], events: Eve
     """
     cmd = REGISTRY.get(name)
     cmd.parse(params)
+    if cmd.opens_itself:  # a command for a home the normal open may refuse (check)
+        return REGISTRY.run_on_home(Path(home), name, params, events)
     node = Node.init(home)[0] if cmd.creates_home else Node.open(home, create=False)
     assert isinstance(node, Node)
     with node:

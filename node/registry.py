@@ -12,6 +12,7 @@ from typing import Any
 
 from auth.errors import MemmeshError
 from crdt.storage import Storage
+from node.file_check import clean, damaged
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -68,29 +69,39 @@ class Registry:
 
     def _get(self, ns: str, key: str) -> dict[str, Any] | None:
         raw = self._s.get_local(ns, key)
-        return None if raw is None else json.loads(raw)
+        return None if raw is None else self._decode(ns, key, raw)
+
+    def _decode(self, ns: str, key: str, raw: bytes, record: Any = None) -> Any:
+        """A stored record; damaged bytes (JSON that no longer parses) are one line naming the
+        storage file, never a traceback."""
+        try:
+            value = json.loads(raw)
+            return record(**value) if record is not None else value
+        except (TypeError, ValueError) as exc:
+            raise damaged(str(getattr(self._s, "path", "the storage")),
+                          f"its peer-local record {clean(ns, 40)}/{clean(key, 80)} cannot be read: {clean(exc, 80)}") from exc
 
     def _put(self, ns: str, key: str, value: Any) -> None:
         self._s.put_local(ns, key, json.dumps(value, sort_keys=True).encode())
 
     # ----------------------------------------------------------------- agents
     def agents(self) -> list[AgentRecord]:
-        return [AgentRecord(**json.loads(v)) for _, v in self._s.items_local(NS_AGENTS)]
+        return [self._decode(NS_AGENTS, k, v, AgentRecord) for k, v in self._s.items_local(NS_AGENTS)]
 
     def agent(self, name: str) -> AgentRecord | None:
-        rec = self._get(NS_AGENTS, name)
-        return AgentRecord(**rec) if rec else None
+        raw = self._s.get_local(NS_AGENTS, name)
+        return None if raw is None else self._decode(NS_AGENTS, name, raw, AgentRecord)
 
     def add_agent(self, rec: AgentRecord) -> None:
         self._put(NS_AGENTS, rec.name, asdict(rec))
 
     # ----------------------------------------------------------------- banks
     def banks(self) -> list[BankRecord]:
-        return [BankRecord(**json.loads(v)) for _, v in self._s.items_local(NS_BANKS)]
+        return [self._decode(NS_BANKS, k, v, BankRecord) for k, v in self._s.items_local(NS_BANKS)]
 
     def bank(self, name: str) -> BankRecord | None:
-        rec = self._get(NS_BANKS, name)
-        return BankRecord(**rec) if rec else None
+        raw = self._s.get_local(NS_BANKS, name)
+        return None if raw is None else self._decode(NS_BANKS, name, raw, BankRecord)
 
     def add_bank(self, rec: BankRecord) -> None:
         self._put(NS_BANKS, rec.name, asdict(rec))
@@ -101,7 +112,7 @@ class Registry:
         self._s.delete_local(NS_BANKS, rec.name)
 
     def archived_banks(self) -> list[BankRecord]:
-        return [BankRecord(**json.loads(v)) for _, v in self._s.items_local(NS_ARCHIVE)]
+        return [self._decode(NS_ARCHIVE, k, v, BankRecord) for k, v in self._s.items_local(NS_ARCHIVE)]
 
     def name_taken(self, name: str) -> str | None:
         if self.agent(name):
@@ -113,14 +124,20 @@ class Registry:
     # ----------------------------------------------------------------- settings and secrets
     def config(self, name: str, default: Any = None) -> Any:
         raw = self._s.get_local(NS_CONFIG, name)
-        return default if raw is None else json.loads(raw)
+        return default if raw is None else self._decode(NS_CONFIG, name, raw)
 
     def set_config(self, name: str, value: Any) -> None:
         self._put(NS_CONFIG, name, value)
 
     def secret(self, name: str) -> str | None:
         raw = self._s.get_local(NS_CREDENTIALS, name)
-        return None if raw is None else raw.decode()
+        if raw is None:
+            return None
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:  # never quote a secret's bytes
+            raise damaged(str(getattr(self._s, "path", "the storage")),
+                          f"its peer-local record {NS_CREDENTIALS}/{clean(name, 80)} cannot be read") from None
 
     def set_secret(self, name: str, value: str) -> None:
         self._s.put_local(NS_CREDENTIALS, name, value.encode())

@@ -311,7 +311,7 @@ class ControlChannel:
         try:
             result: Result = job.result()
             final: dict[str, Any] = {"ok": True, "data": result.data, "text": result.text,
-                                     "warnings": list(result.warnings)}
+                                     "warnings": list(result.warnings), "exit_code": result.exit_code}
         except BaseException as exc:  # everything goes back to the client as one line
             final = error_line(exc, name)
         # Logged before the answer goes out: whatever a client was told is in the log already.
@@ -394,6 +394,7 @@ def serve_node(node: Node, *, listen: str | None = None, discovery: bool | None 
     except ValueError as exc:
         raise ServeError(f"serve: listen {exc} (got {listen!r})") from None
     check_home_private(node.home)
+    node.verify()  # a damaged home is refused before anything listens or syncs (node/home.py)
     with _logging_to(log_stream or sys.stderr, log_json):
         return asyncio.run(_serve(node, listen=listen, discovery=discovery, interval_s=interval_s,
                                   fanout=fanout, registry=registry, advertise=advertise, api_listen=api_listen))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from crdt.errors import StorageError
-from crdt.storage import PendingRecord, Storage, StoredEntry
+from crdt.storage import Aside, DamagedRecord, PendingRecord, Storage, StoredEntry
 
 _counter = itertools.count()
 
@@ -673,6 +673,125 @@ class StorageConformance:
         s = self.reopen(s, location)
         assert s.items_local("ns") == [(f"k{i:03}", bytes([i])) for i in range(200)]
         s.close()
+
+    # ----------------------------------------------------------------- the damaged area
+
+    def test_move_aside_from_the_log(self, store):
+        log = [make_entry(stores=("memory", "meta")) for _ in range(4)]
+        store.append("db-a", log)
+        store.erase_payload("db-a", log[1].id, "meta")
+        store.move_aside("db-a", [Aside(log[1].id, "entry.id", "its header changed"),
+                                  Aside(log[2].id, "entry.orphaned")], moved_ms=77)
+        assert [e.id for e in store.entries("db-a")] == [log[0].id, log[3].id]
+        assert store.count("db-a") == 2 and not store.has("db-a", log[1].id) and store.get("db-a", log[2].id) is None
+        kept = StoredEntry(log[1].id, log[1].header, {"memory": log[1].payloads["memory"], "meta": None})
+        assert store.get_damaged("db-a", log[1].id) == kept  # as found, an erased payload still None
+        assert store.get_damaged("db-a", log[2].id) == log[2]
+        assert store.damaged("db-a") == [
+            DamagedRecord(log[1].id, "log", "entry.id", "its header changed", 77, kept.size),
+            DamagedRecord(log[2].id, "log", "entry.orphaned", "", 77, log[2].size),
+        ]
+        assert store.get_damaged("db-a", log[0].id) is None
+        # never seen as stored: the same entry can be stored again (fetched from a peer)
+        assert store.append("db-a", [log[1]]) == 1 and store.get("db-a", log[1].id) == log[1]
+        assert [r.id for r in store.damaged("db-a")] == [log[1].id, log[2].id]
+
+    def test_move_aside_some_payloads_keeps_the_entry(self, store):
+        e = make_entry(stores=("memory", "meta"))
+        store.append("db-a", [e])
+        store.move_aside("db-a", [Aside(e.id, "entry.payload", "meta fails its digest", stores=("meta", "extra"))])
+        assert store.get("db-a", e.id) == StoredEntry(e.id, e.header, {"extra": None, "memory": e.payloads["memory"],
+                                                                        "meta": None})
+        assert store.get_damaged("db-a", e.id) == e
+        [record] = store.damaged("db-a")
+        assert record.stores == ("extra", "meta") and record.origin == "log" and record.size == e.size
+        store.fill_payload("db-a", e.id, "meta", b"again")  # not received: sync fills it again
+        store.fill_payload("db-a", e.id, "extra", b"x")
+        assert store.get("db-a", e.id).payloads == {"extra": b"x", "memory": e.payloads["memory"], "meta": b"again"}
+
+    def test_move_aside_from_pending_frees_the_bound(self, location):
+        s = self.open_storage(location, max_pending=2)
+        s.add_database("d")
+        waiting = [make_entry(), make_entry()]
+        for e in waiting:
+            s.put_pending("d", e, ["sha256:p"], author="k", source="peer:x", received_ms=5)
+        s.move_aside("d", [Aside(waiting[0].id, "entry.signature", origin="pending")], moved_ms=9)
+        assert [r.id for r in s.pending("d")] == [waiting[1].id] and s.get_pending("d", waiting[0].id) is None
+        assert s.get_damaged("d", waiting[0].id) == waiting[0]
+        assert s.damaged("d") == [DamagedRecord(waiting[0].id, "pending", "entry.signature", "", 9, waiting[0].size)]
+        s.put_pending("d", make_entry(), [])  # room again
+        with pytest.raises(StorageError, match="pending area full"):
+            s.put_pending("d", make_entry(), [])
+        s.close()
+
+    def test_move_aside_is_atomic(self, store):
+        log = [make_entry() for _ in range(3)]
+        store.append("db-a", log)
+        store.put_pending("db-a", make_entry(), [])
+        before = (list(store.entries("db-a")), store.pending("db-a"))
+        for moves in ([Aside(log[0].id, "x"), Aside("sha256:nope", "x")],
+                      [Aside(log[0].id, "x"), Aside(log[1].id, "x", origin="pending")]):
+            with pytest.raises(StorageError, match="cannot move aside"):
+                store.move_aside("db-a", moves)
+            assert (list(store.entries("db-a")), store.pending("db-a")) == before and store.damaged("db-a") == []
+
+    @pytest.mark.parametrize("moves, exc", [
+        ("sha256:x", TypeError),
+        ([("sha256:x", "r")], TypeError),
+        ([Aside("", "r")], ValueError),
+        ([Aside("sha256:x", "")], ValueError),
+        ([Aside("sha256:x", "r", origin="elsewhere")], ValueError),
+        ([Aside("sha256:x", "r", origin="pending", stores=("memory",))], ValueError),
+        ([Aside("sha256:x", "r", stores="memory")], TypeError),
+        ([Aside("sha256:x", "r", detail=5)], TypeError),
+    ])
+    def test_move_aside_bad_arguments_change_nothing(self, store, moves, exc):
+        e = make_entry()
+        store.append("db-a", [e])
+        with pytest.raises(exc):
+            store.move_aside("db-a", moves)
+        with pytest.raises(ValueError, match="named twice"):
+            store.move_aside("db-a", [Aside(e.id, "r"), Aside(e.id, "s")])
+        with pytest.raises(ValueError):
+            store.move_aside("db-a", [Aside(e.id, "r")], moved_ms=-1)
+        assert list(store.entries("db-a")) == [e] and store.damaged("db-a") == []
+
+    def test_move_aside_twice_replaces_in_place_and_drop(self, store):
+        a, b = make_entry(stores=("memory", "meta")), make_entry()
+        store.append("db-a", [a, b])
+        store.move_aside("db-a", [Aside(a.id, "entry.payload", stores=("meta",))], moved_ms=1)
+        store.move_aside("db-a", [Aside(b.id, "entry.id")], moved_ms=2)
+        store.move_aside("db-a", [Aside(a.id, "entry.orphaned", "later")], moved_ms=3)
+        damaged_a = StoredEntry(a.id, a.header, {"memory": a.payloads["memory"], "meta": None})
+        assert store.damaged("db-a") == [DamagedRecord(a.id, "log", "entry.orphaned", "later", 3, damaged_a.size),
+                                         DamagedRecord(b.id, "log", "entry.id", "", 2, b.size)]
+        assert store.get_damaged("db-a", a.id) == damaged_a  # the copy as found the second time
+        assert store.count("db-a") == 0
+        store.drop_damaged("db-a", [a.id, "sha256:unknown"])
+        store.drop_damaged("db-a", [])
+        assert [r.id for r in store.damaged("db-a")] == [b.id] and store.get_damaged("db-a", a.id) is None
+        with pytest.raises(TypeError):
+            store.drop_damaged("db-a", b.id)
+        for call in (lambda: store.move_aside("nope", []), lambda: store.damaged("nope"),
+                     lambda: store.get_damaged("nope", b.id), lambda: store.drop_damaged("nope", [b.id])):
+            with pytest.raises(StorageError, match="unknown database"):
+                call()
+
+    def test_damaged_area_per_database_and_survives_reopen(self, location):
+        s = self.open_storage(location)
+        s.add_database("d1")
+        s.add_database("d2")
+        e1, e2 = make_entry(), make_entry()
+        s.append("d1", [e1])
+        s.append("d2", [e2])
+        s.move_aside("d1", [Aside(e1.id, "entry.signature", "bad")], moved_ms=5)
+        s = self.reopen(s, location)
+        assert s.damaged("d2") == [] and s.get_damaged("d2", e1.id) is None
+        assert s.damaged("d1") == [DamagedRecord(e1.id, "log", "entry.signature", "bad", 5, e1.size)]
+        assert s.get_damaged("d1", e1.id) == e1 and list(s.entries("d1")) == []
+        s.close()
+        with pytest.raises(StorageError, match="closed"):
+            s.damaged("d1")
 
     # ----------------------------------------------------------------- lifecycle
 

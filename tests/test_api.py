@@ -167,6 +167,8 @@ EXAMPLES: list[tuple[str, str, Any, int]] = [
     ("POST", "/v1/config/check", {}, 200),
     ("POST", "/v1/reload", None, 200),
     ("POST", "/v1/backup", {"dest": "{backup}"}, 200),
+    ("POST", "/v1/check", {}, 200),
+    ("POST", "/v1/unfence", {"db": "notes"}, 200),  # not fenced: says so, changes nothing
 ]
 
 

@@ -11,7 +11,7 @@ from node.cli_args import COMMAND, build_parser, command_of
 from node.commands import REGISTRY, ParamsError, UnknownCommand
 from node.commands.tools import TOOLS
 from node.library import run_in_home
-from tests.test_cli import mm
+from tests.test_cli import mm_here
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def _leaves(parser: argparse.ArgumentParser):
     """(command name, {dest, ...}) for every runnable leaf of the parser."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
-        dests = {a.dest for a in parser._actions if a.dest not in ("help", "json")}
+        dests = {a.dest for a in parser._actions if a.dest not in ("help", "json", "home")}
         yield parser.get_default(COMMAND), dests
         return
     for sub in subs:
@@ -158,11 +158,12 @@ def test_the_api_key_is_read_from_the_named_environment_variable(monkeypatch):
 
 
 def test_run_by_name_with_json_params_gives_what_the_cli_prints(tmp_path):
+    # The CLI's main() in this process: what the `memmesh` console script runs.
     home = tmp_path / "node"
-    mm("init", home=home)
-    mm("embedder", "set", "none", home=home)
-    mm("agent", "new", "alpha", home=home)
-    mm("remember", "alpha", "deploy process", "nix build", "--tag", "ops", home=home)
+    mm_here("init", home=home)
+    mm_here("embedder", "set", "none", home=home)
+    mm_here("agent", "new", "alpha", home=home)
+    mm_here("remember", "alpha", "deploy process", "nix build", "--tag", "ops", home=home)
     for argv, name, params in [
         # --no-count: a counted recall would change the access counts between the two calls
         (["recall", "alpha", "deploy", "--no-count"], "recall",
@@ -170,7 +171,7 @@ def test_run_by_name_with_json_params_gives_what_the_cli_prints(tmp_path):
         (["memory", "config", "alpha", "show"], "memory.config", '{"agent": "alpha", "action": "show"}'),
         (["tool", "alpha", "list_memory_banks"], "tool", '{"agent": "alpha", "tool": "list_memory_banks"}'),
     ]:
-        printed = json.loads(mm(*argv, "--json", home=home).stdout)
+        printed = json.loads(mm_here(*argv, "--json", home=home).stdout)
         assert run_in_home(home, name, json.loads(params)).data == printed, argv
 
 

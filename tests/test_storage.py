@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from crdt.errors import StorageError
-from crdt.storage import MemoryStorage, PendingRecord, Storage, StoredEntry
+from crdt.errors import DamagedError, StorageError
+from crdt.storage import Aside, MemoryStorage, PendingRecord, Storage, StoredEntry
 from node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage, _statements
 
 try:
@@ -68,13 +68,29 @@ def test_synchronous_full_option(tmp_path):
         SqliteStorage(tmp_path / "m.sqlite", synchronous="OFF")
 
 
-@pytest.mark.parametrize("content", [os.urandom(4096), b"SQLite format 3\x00" + b"\xff" * 200, b"hello\n"])
+@pytest.mark.parametrize("content", [os.urandom(4096), b"hello\n"])
 def test_not_a_database_file(tmp_path, content):
+    """No SQLite header: damaged, or another program's file; the line says what to do for each."""
     path = tmp_path / "notes.txt"
     path.write_bytes(content)
-    with pytest.raises(StorageError, match="is not a memmesh storage file.*move it away"):
+    with pytest.raises(DamagedError) as caught:
         SqliteStorage(path)
+    assert str(caught.value) == (
+        f"{path} is not a readable SQLite file (its first bytes are not SQLite's header): if it is this "
+        "node's storage, it is damaged: restore a backup (memmesh restore); if it is another program's file, "
+        "move it away or choose another path (memmesh creates its storage file itself)")
     assert path.read_bytes() == content  # the file is left untouched
+
+
+def test_impossible_page_size_is_damage(tmp_path):
+    path = tmp_path / "n.sqlite"
+    content = b"SQLite format 3\x00" + b"\xff" * 200
+    path.write_bytes(content)
+    with pytest.raises(DamagedError) as caught:
+        SqliteStorage(path)
+    assert str(caught.value) == (f"{path} is damaged (its header gives an impossible page size, 65535); "
+                                 "run: memmesh check --repair, or restore a backup (memmesh restore)")
+    assert path.read_bytes() == content
 
 
 def test_other_programs_sqlite_file(tmp_path):
@@ -85,8 +101,11 @@ def test_other_programs_sqlite_file(tmp_path):
     raw.commit()
     raw.close()
     before = path.read_bytes()
-    with pytest.raises(StorageError, match="not a memmesh storage file.*another program"):
+    with pytest.raises(StorageError) as caught:
         SqliteStorage(path)
+    assert not isinstance(caught.value, DamagedError)
+    assert str(caught.value) == (f"{path} is an SQLite database of another program, not a memmesh storage file; "
+                                 "move it away or choose another path (memmesh creates its storage file itself)")
     assert path.read_bytes() == before
     raw = sqlite3.connect(path)
     raw.execute("PRAGMA application_id=12345")
@@ -119,6 +138,216 @@ def test_empty_file_is_initialised(tmp_path):
     s.add_database("d")
     s.close()
     assert SqliteStorage(path).databases() == ["d"]
+
+
+# --------------------------------------------------------------------------- open errors (damage)
+
+REPAIR = "run: memmesh check --repair, or restore a backup (memmesh restore)"
+
+
+def _filled(path: Path, n: int = 40) -> Path:
+    """A storage file with some entries, checkpointed (everything in the file, no WAL)."""
+    s = SqliteStorage(path)
+    s.add_database("d")
+    s.append("d", [make_entry() for _ in range(n)])
+    s.close()
+    assert not Path(f"{path}-wal").exists()
+    return path
+
+
+def test_newer_schema_version_message(tmp_path):
+    path = tmp_path / "n.sqlite"
+    SqliteStorage(path).close()
+    raw = sqlite3.connect(path)
+    raw.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    raw.close()
+    with pytest.raises(StorageError) as caught:
+        SqliteStorage(path)
+    assert not isinstance(caught.value, DamagedError)
+    assert str(caught.value) == (
+        f"{path} was written by a newer memmesh (storage schema version {SCHEMA_VERSION + 1}; this version "
+        f"understands up to {SCHEMA_VERSION}); upgrade memmesh to open it")
+
+
+def test_an_impossible_schema_version_is_damage(tmp_path):
+    path = _filled(tmp_path / "n.sqlite")
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version=1684234849")  # what four ASCII bytes over the field give
+    raw.close()
+    with pytest.raises(DamagedError) as caught:
+        SqliteStorage(path)
+    assert str(caught.value) == (f"{path} is damaged (its header gives storage schema version 1,684,234,849, "
+                                 f"which no memmesh writes); {REPAIR}")
+
+
+@pytest.mark.parametrize("keep, what", [
+    (6, "it ends after 6 bytes, inside SQLite's header"),
+    (61, "it ends after 61 bytes, inside SQLite's 100-byte header"),
+    (3000, "it ends after 3,000 bytes, inside its first page of 4,096 bytes"),
+])
+def test_truncated_inside_the_first_page(tmp_path, keep, what):
+    path = _filled(tmp_path / "n.sqlite")
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+    with pytest.raises(DamagedError) as caught:
+        SqliteStorage(path)
+    assert str(caught.value) == f"{path} is truncated ({what}); {REPAIR}"
+
+
+def test_truncated_file_names_what_is_missing(tmp_path):
+    path = _filled(tmp_path / "n.sqlite")
+    size = path.stat().st_size
+    pages = size // 4096
+    with open(path, "r+b") as f:
+        f.truncate(size - 4096 - 100)
+    with pytest.raises(DamagedError) as caught:
+        SqliteStorage(path)
+    assert str(caught.value) == (f"{path} is truncated (its header says {pages} pages of 4,096 bytes, the file "
+                                 f"holds {pages - 2} and a part); {REPAIR}")
+    assert path.stat().st_size == size - 4096 - 100  # refused files are left as they are
+
+
+def test_lost_application_id_with_our_tables_is_damage(tmp_path):
+    path = _filled(tmp_path / "n.sqlite")
+    data = bytearray(path.read_bytes())
+    data[68:72] = b"\xde\xad\xbe\xef"  # the application id field
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedError) as caught:
+        SqliteStorage(path)
+    assert str(caught.value) == (f"{path} is damaged (its header lost memmesh's application id, but it holds "
+                                 f"memmesh's tables); {REPAIR}")
+
+
+def test_damaged_schema_is_one_line(tmp_path):
+    """64 bytes inside the schema page made every command a traceback (issue 13)."""
+    path = _filled(tmp_path / "n.sqlite", n=3)
+    data = bytearray(path.read_bytes())
+    at = data.find(b"CREATE TABLE pending_totals") + 20
+    data[at:at + 64] = bytes(range(0x80, 0xC0))  # not UTF-8: SQLite quotes it in its error
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedError) as caught:
+        SqliteStorage(path)
+    text = str(caught.value)
+    assert text.startswith(f"{path} is damaged (SQLite") and text.endswith(f"); {REPAIR}")
+    assert text.isprintable()
+
+
+def test_a_damaged_page_fails_the_read_and_quick_check(tmp_path):
+    """A b-tree page whose cell pointers were overwritten: reading it fails (cell_size_check)
+    instead of yielding fewer rows, and quick_check finds it without reading the rows."""
+    path = _filled(tmp_path / "n.sqlite", n=200)
+    raw = sqlite3.connect(path)
+    root = raw.execute("SELECT rootpage FROM sqlite_master WHERE name = 'entries'").fetchone()[0]
+    raw.close()
+    data = bytearray(path.read_bytes())
+    # The root is an interior page once 200 entries are stored: damage its right-most leaf.
+    assert data[(root - 1) * 4096] == 0x05
+    leaf = int.from_bytes(data[(root - 1) * 4096 + 8:(root - 1) * 4096 + 12], "big")
+    at = (leaf - 1) * 4096 + 8  # the leaf's first cell pointers
+    data[at:at + 4] = b"\xff\xf0\xff\xf0"
+    path.write_bytes(bytes(data))
+    s = SqliteStorage(path)
+    with pytest.raises(DamagedError) as caught:
+        list(s.entries("d"))
+    assert str(path) in str(caught.value) and "check --repair" in str(caught.value)
+    with pytest.raises(DamagedError) as caught:
+        s.quick_check()
+    assert str(caught.value).startswith(f"{path} is damaged (SQLite's quick_check: ")
+    assert str(caught.value).endswith(f"); {REPAIR}")
+    s.close()
+
+
+def _wal_copy(tmp_path: Path, n: int = 30) -> Path:
+    """A copy of a storage file taken while another connection kept its WAL: every entry is
+    in the log. Each append is one transaction."""
+    src = tmp_path / "src.sqlite"
+    s = SqliteStorage(src)
+    keeper = sqlite3.connect(src)
+    keeper.execute("SELECT 1 FROM sqlite_master").fetchall()
+    s.add_database("d")
+    for _ in range(n):
+        s.append("d", [make_entry()])
+    s.close()
+    dest = tmp_path / "copy"
+    dest.mkdir()
+    for suffix in ("", "-wal"):
+        shutil.copy(f"{src}{suffix}", dest / f"n.sqlite{suffix}")
+    keeper.close()
+    return dest / "n.sqlite"
+
+
+def test_damaged_wal_is_refused_before_sqlite_drops_it(tmp_path):
+    path = _wal_copy(tmp_path)
+    wal = Path(f"{path}-wal")
+    data = bytearray(wal.read_bytes())
+    frames = (len(data) - 32) // (24 + 4096)
+    hit = frames - 12  # well after the schema and the database were created
+    data[32 + (hit - 1) * (24 + 4096) + 24 + 500] ^= 0xFF  # the page of that frame
+    wal.write_bytes(bytes(data))
+    before = wal.read_bytes()
+    with pytest.raises(DamagedError) as caught:
+        SqliteStorage(path)
+    text = str(caught.value)
+    assert text.startswith(f"{wal} is damaged (frame {hit} of {frames} fails its checksum, and ")
+    assert text.endswith(f" committed transactions after it would be silently dropped); {REPAIR}")
+    assert wal.read_bytes() == before  # SQLite never read it: nothing was recovered away
+    # check --repair's way in: open anyway, with what SQLite keeps (the first transactions)
+    s = SqliteStorage(path, check_wal=False)
+    assert s.count("d") < 30
+    s.close()
+
+
+def test_damaged_wal_header_is_refused(tmp_path):
+    path = _wal_copy(tmp_path)
+    wal = Path(f"{path}-wal")
+    data = bytearray(wal.read_bytes())
+    frames = (len(data) - 32) // (24 + 4096)
+    data[17] ^= 0x10  # a salt: the header's checksum fails
+    wal.write_bytes(bytes(data))
+    with pytest.raises(DamagedError) as caught:
+        SqliteStorage(path)
+    assert str(caught.value) == (f"{wal} is damaged (its header is damaged while {frames} frames follow it, "
+                                 f"which SQLite would ignore); {REPAIR}")
+
+
+def test_torn_last_frame_opens(tmp_path):
+    """What a kill -9 mid-write leaves: the last frame cut short. Everything before it opens."""
+    path = _wal_copy(tmp_path)
+    wal = Path(f"{path}-wal")
+    with open(wal, "r+b") as f:
+        f.truncate(wal.stat().st_size - 1000)
+    s = SqliteStorage(path)
+    assert s.count("d") == 29
+    s.close()
+
+
+def test_rolled_back_frames_in_the_wal_open(tmp_path):
+    """A write transaction that spilled pages into the log and rolled back leaves frames with
+    the log's salts behind the next commit: normal, not damage."""
+    path = tmp_path / "n.sqlite"
+    s = SqliteStorage(path)
+    keeper = sqlite3.connect(path)
+    keeper.execute("SELECT 1 FROM sqlite_master").fetchall()
+    s.add_database("d")
+    s.append("d", [make_entry()])
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("PRAGMA cache_size=2")  # spill to the log mid-transaction
+    raw.execute("BEGIN IMMEDIATE")
+    raw.execute("CREATE TABLE scratch (x)")
+    for _ in range(50):
+        raw.execute("INSERT INTO scratch VALUES (?)", (os.urandom(3000),))
+    raw.execute("ROLLBACK")
+    raw.close()
+    s.append("d", [make_entry()])
+    s.close()
+    dest = tmp_path / "copy"
+    dest.mkdir()
+    for suffix in ("", "-wal"):
+        shutil.copy(f"{path}{suffix}", dest / f"n.sqlite{suffix}")
+    keeper.close()
+    copy = SqliteStorage(dest / "n.sqlite")
+    assert copy.count("d") == 2
+    copy.close()
 
 
 def test_sql_failure_mid_batch_rolls_back(tmp_path):
@@ -318,12 +547,12 @@ def test_version_1_file_is_migrated_in_place(tmp_path):
     ]
     assert [s.get_pending("d1", e.id) for e in held["waiting"]] == held["waiting"]
     assert s.items_local("creds") == [("k", b"\x00\xff")] and s.items_local("sync") == [("é", b"")]
-    # the file is now version 2, with the same pending table as a new file
+    # the file is now version 3, with the same pending table as a new file
     fresh = SqliteStorage(tmp_path / "fresh.sqlite")
     table = lambda st: st._conn.execute("PRAGMA table_info(pending)").fetchall()  # noqa: E731
     assert table(s) == table(fresh)
     fresh.close()
-    assert s._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert s._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     # the new fields work, and the old pending entries still count toward the bound
     new = make_entry()
     s.put_pending("d1", new, [], author="key:a", source="peer:b", received_ms=1234)
@@ -332,7 +561,7 @@ def test_version_1_file_is_migrated_in_place(tmp_path):
     s.put_pending("d1", held["waiting"][1], ["sha256:p3"], author="key:c", source="local", received_ms=5)
     s.fill_payload("d1", held["log"][0].id, "memory", b"refetched")
     s.close()
-    s = SqliteStorage(path, max_pending=3)  # a migrated file opens as a plain version-2 file
+    s = SqliteStorage(path, max_pending=3)  # a migrated file opens as a plain version-3 file
     assert s.pending("d1") == [
         PendingRecord(held["waiting"][0].id, "", "", 0, held["waiting"][0].size, ("sha256:p1", "sha256:p2")),
         PendingRecord(held["waiting"][1].id, "key:c", "local", 5, held["waiting"][1].size, ("sha256:p3",)),
@@ -344,6 +573,22 @@ def test_version_1_file_is_migrated_in_place(tmp_path):
     s.close()
 
 
+def test_schema_problems_of_old_new_and_damaged_files(tmp_path):
+    _write_v1_file(tmp_path / "v1.sqlite")
+    old = SqliteStorage.open_snapshot(tmp_path / "v1.sqlite")
+    assert old.schema_problems() == []  # what its migrations add is not missing
+    old.close()
+    s = SqliteStorage(tmp_path / "v1.sqlite")  # migrated
+    assert s.schema_problems() == []
+    s._conn.execute("PRAGMA writable_schema=ON")
+    s._conn.execute("UPDATE sqlite_master SET sql = replace(sql, 'header BLOB', 'hxader BLOB') WHERE name = 'entries'")
+    s.close()
+    damaged = SqliteStorage.open_snapshot(tmp_path / "v1.sqlite")
+    [problem] = damaged.schema_problems()
+    assert "table entries has the columns seq, db, id, hxader" in problem
+    damaged.close()
+
+
 def test_failed_migration_leaves_the_file_at_version_1(tmp_path):
     """The migration is one transaction: when its last step fails, the steps before it are
     rolled back too and the file is still a readable version-1 file."""
@@ -353,7 +598,7 @@ def test_failed_migration_leaves_the_file_at_version_1(tmp_path):
     raw.execute("ALTER TABLE pending ADD COLUMN received INTEGER")  # the last step will clash
     raw.commit()
     raw.close()
-    with pytest.raises(StorageError, match="cannot migrate .* from storage schema version 1 to 2.*unchanged"):
+    with pytest.raises(StorageError, match="cannot migrate .* from storage schema version 1 to 3.*unchanged"):
         SqliteStorage(path)
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
@@ -364,14 +609,75 @@ def test_failed_migration_leaves_the_file_at_version_1(tmp_path):
     raw.close()
 
 
+def test_version_2_file_gains_the_damaged_area(tmp_path):
+    """Version 3 added the damaged tables (memmesh check --repair): a version-2 file keeps
+    everything and gets the same tables a new file has."""
+    path = tmp_path / "n.sqlite"
+    s = SqliteStorage(path)
+    s.add_database("d")
+    e = make_entry()
+    s.append("d", [e])
+    s.close()
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("DROP TABLE damaged_payloads")
+    raw.execute("DROP TABLE damaged")
+    raw.execute("PRAGMA user_version=2")
+    raw.close()
+    snapshot = SqliteStorage.open_snapshot(path)  # reads a version-2 file as it is, migrates nothing
+    assert snapshot.damaged("d") == [] and snapshot.get_damaged("d", e.id) is None
+    assert snapshot.schema_problems() == []
+    snapshot.close()
+    s = SqliteStorage(path)
+    assert list(s.entries("d")) == [e]
+    fresh = SqliteStorage(tmp_path / "fresh.sqlite")
+    schema = lambda st: sorted(st._conn.execute(  # noqa: E731
+        "SELECT name, sql FROM sqlite_master WHERE name LIKE 'damaged%'").fetchall())
+    assert schema(s) == schema(fresh) and len(schema(s)) >= 2
+    fresh.close()
+    s.move_aside("d", [Aside(e.id, "entry.id")])
+    assert [r.id for r in s.damaged("d")] == [e.id]
+    s.close()
+
+
+def test_snapshot_is_read_only_and_consistent(tmp_path):
+    path = tmp_path / "n.sqlite"
+    s = SqliteStorage(path)
+    s.add_database("d")
+    first = make_entry()
+    s.append("d", [first])
+    snap = SqliteStorage.open_snapshot(path)
+    s.append("d", [make_entry()])  # after the snapshot began: not seen by it
+    assert [e.id for e in snap.entries("d")] == [first.id] and s.count("d") == 2
+    with pytest.raises(StorageError):
+        snap.append("d", [make_entry()])
+    assert snap.integrity_problems() == [] and snap.pending_totals_problems() == []
+    snap.close()
+    s.close()
+
+
+def test_pending_totals_problems_are_found_and_fixed(tmp_path):
+    s = SqliteStorage(tmp_path / "n.sqlite")
+    s.add_database("d")
+    s.put_pending("d", make_entry(), [])
+    assert s.pending_totals_problems() == []
+    s._conn.execute("UPDATE pending_totals SET count = 7")
+    [problem] = s.pending_totals_problems()
+    assert "database d" in problem and "7 entries" in problem
+    s.fix_pending_totals()
+    assert s.pending_totals_problems() == []
+    s.close()
+
+
 def test_unknown_old_schema_version_refused(tmp_path):
     path = tmp_path / "n.sqlite"
     _write_v1_file(path)
     raw = sqlite3.connect(path)
     raw.execute("PRAGMA user_version=0")
     raw.close()
-    with pytest.raises(StorageError, match="unknown storage schema version 0"):
+    with pytest.raises(DamagedError) as caught:  # memmesh never writes version 0 with its application id
         SqliteStorage(path)
+    assert str(caught.value) == (f"{path} is damaged (its header gives storage schema version 0); "
+                                 "run: memmesh check --repair, or restore a backup (memmesh restore)")
 
 
 # --------------------------------------------------------------------------- model-based
@@ -463,6 +769,20 @@ class SameBehaviour(RuleBasedStateMachine):
     def drop_pending(self, db, ids):
         self.both(lambda s: s.drop_pending(db, ids))
 
+    @rule(
+        db=st.sampled_from(DBS),
+        moves=st.lists(st.builds(Aside, entry_id=st.sampled_from(IDS), reason=st.sampled_from(["entry.id", ""]),
+                                 origin=st.sampled_from(["log", "pending"]),
+                                 stores=st.sampled_from([(), ("memory",), ("meta", "embeddings:p/m")])), max_size=3),
+        moved_ms=st.integers(0, 10),
+    )
+    def move_aside(self, db, moves, moved_ms):
+        self.both(lambda s: s.move_aside(db, moves, moved_ms=moved_ms))
+
+    @rule(db=st.sampled_from(DBS), ids=st.lists(st.sampled_from(IDS), max_size=3))
+    def drop_damaged(self, db, ids):
+        self.both(lambda s: s.drop_damaged(db, ids))
+
     @rule(ns=st.sampled_from(NSS), key=st.sampled_from(KEYS), value=st.binary(max_size=20))
     def put_local(self, ns, key, value):
         self.both(lambda s: s.put_local(ns, key, value))
@@ -497,7 +817,8 @@ class SameBehaviour(RuleBasedStateMachine):
                         list(s.entries(d)),
                         s.count(d),
                         s.pending(d),
-                        [(s.has(d, i), s.get(d, i), s.get_pending(d, i)) for i in IDS],
+                        [(s.has(d, i), s.get(d, i), s.get_pending(d, i), s.get_damaged(d, i)) for i in IDS],
+                        s.damaged(d),
                     )
                     for d in dbs
                 },

@@ -28,6 +28,8 @@ from node.commands import audit  # noqa: F401
 from node.commands import sync  # noqa: F401
 from node.commands import chat  # noqa: F401
 from node.commands import backup  # noqa: F401
+from node.commands import check  # noqa: F401
+from node.commands import fence  # noqa: F401
 from node.commands import serving  # noqa: F401  (memmesh serve; its handler imports node/serve.py lazily)
 from node.commands import mcp  # noqa: F401
 from node.commands.params import Params, ParamsError

@@ -152,13 +152,14 @@ def node_view(node: "Node", dbs: list[dict[str, Any]]) -> dict[str, Any]:
          read_only=True)
 def status(node: "Node", p: NoParams) -> Result:
     from node.commands.sync import sync_status
+    from node.fence import status as fenced
 
     t = now_ms()
     stale_ms = stale_after_ms(node)
     shared = set(node.sync.shared())
     dbs = [database_status(node, db_id, shared, t, stale_ms) for db_id in node.database_ids()]
     data = {"home": str(node.home), "peer_key": str(node.peer_key.public), "node": node_view(node, dbs),
-            "databases": dbs,
+            "databases": dbs, "fenced": fenced(node),
             "sync": {"serving": node.network.serving, "address": node.sync.address(), "links": sync_status(node)}}
     return Result(data, render_status(data, t))
 
@@ -219,6 +220,9 @@ def render_status(data: dict[str, Any], t: int) -> str:
              f"counts: {c['banks']} banks, {c['databases']} databases, {c['peers']} peers, {c['errors']} errors; "
              f"verified {n['verify']['entries']} signatures{rate}",
              f"databases: {len(data['databases'])}"]
+    if data.get("fenced"):  # one line: what the write fence (node/fence.py) holds back, and why
+        lines.insert(-1, "FENCED (local writes refused until a sync brings this node's own entries back; memmesh "
+                         "unfence NAME lifts it): " + "; ".join(f"{f['name']}, {f['why']}" for f in data["fenced"]))
     for d in data["databases"]:
         label = f"{d['kind'] or '?'} {d['bank'] or d['name'] or ''}".strip()
         extra = "  shared" if d["shared"] else ""

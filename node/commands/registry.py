@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from auth.errors import MemmeshError
@@ -60,6 +61,10 @@ class Command:
     # Changes nothing (a listing, a status): the HTTP API serves such a command, when it takes no
     # parameters, as a GET (docs/api.md).
     read_only: bool = False
+    # Works on a home that the normal open refuses (check): it goes through serve like any
+    # command when serve runs (handler ``(node, params)``); otherwise its handler is given the
+    # home's path, ``(home, params)``, and opens what it can itself (``Registry.run_on_home``).
+    opens_itself: bool = False
 
     def schema(self) -> dict[str, Any]:
         """The JSON Schema of the parameters (what HTTP/OpenAPI and MCP are generated from)."""
@@ -76,8 +81,8 @@ class Registry:
 
     # ------------------------------------------------------------------ declaring
     def command(self, name: str, params: type[Params], help: str, *, creates_home: bool = False,
-                standalone: bool = False,
-                read_only: bool = False) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+                standalone: bool = False, read_only: bool = False,
+                opens_itself: bool = False) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
         """Register the decorated handler ``(node, params) -> Result`` as command ``name``
         (``(home, params) -> Result`` when ``standalone``)."""
         def register(handler: Callable[..., Result]) -> Callable[..., Result]:
@@ -87,7 +92,7 @@ class Registry:
             if events is not None and events.kind is not inspect.Parameter.KEYWORD_ONLY:
                 raise TypeError(f"{handler.__qualname__}: events must be a keyword-only parameter")
             self._commands[name] = Command(name, params, handler, help, creates_home, events is not None,
-                                           standalone, read_only)
+                                           standalone, read_only, opens_itself)
             return handler
         return register
 
@@ -122,6 +127,17 @@ class Registry:
         if cmd.emits_events:
             return cmd.handler(node, parsed, events=events or _discard)
         return cmd.handler(node, parsed)
+
+
+    def run_on_home(self, home: Path, name: str, params: Any, events: EventSink | None = None) -> Result:
+        """Run a command that opens the home itself (``opens_itself``) on the home's path."""
+        cmd = self.get(name)
+        parsed = cmd.parse(params)
+        if not cmd.opens_itself:
+            raise UnknownCommand(f"{name} runs on an open node, not on a home's path")
+        if cmd.emits_events:
+            return cmd.handler(home, parsed, events=events or _discard)
+        return cmd.handler(home, parsed)
 
 
 def progress_sink(callback: Callable[[int, int], None]) -> EventSink:

@@ -11,6 +11,9 @@ class Result:
     data: Any
     text: str
     warnings: list[str] = field(default_factory=list)
+    # The CLI's exit code once the result is printed: 1 for a command that ran and reports a
+    # failure it found (check, on damage), so scripts get both the report and the verdict.
+    exit_code: int = 0
 
 
 def json_text(data: Any) -> str:

@@ -22,14 +22,18 @@ succeeded.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal
 
+from crdt.errors import StorageError
 from crdt.storage import Storage
 from node.memory.rows import _iso_utc as iso_time  # the one rendering of times in results
 
 NS_ACCESS = "memory-access"
+
+log = logging.getLogger(__name__)
 
 Use = Literal["recall", "injection"]
 
@@ -104,7 +108,8 @@ class AccessCounts:
 
     def record(self, uses: Iterable[tuple[str, str]], use: Use) -> dict[tuple[str, str], Access]:
         """Count one ``use`` of each (database id, memory key), in one transaction; a pair
-        given twice in one call counts once. Returns the new counts."""
+        given twice in one call counts once. Returns the new counts ({} when they could not be
+        written: the use goes uncounted, the caller answers anyway)."""
         now = int(self._clock() * 1000)
         counts = self._counts()
         new: dict[tuple[str, str], Access] = {}
@@ -113,9 +118,15 @@ class AccessCounts:
                 new[(db_id, key)] = counts.get(db_id, {}).get(key, NEVER).used(use, now)
         if not new:
             return new
-        self._storage.put_local_many(NS_ACCESS, [
-            (_record_key(db_id, key), json.dumps({"r": a.recalls, "i": a.injections, "t": a.last}).encode())
-            for (db_id, key), a in new.items()])
+        try:
+            self._storage.put_local_many(NS_ACCESS, [
+                (_record_key(db_id, key), json.dumps({"r": a.recalls, "i": a.injections, "t": a.last}).encode())
+                for (db_id, key), a in new.items()])
+        except StorageError as exc:
+            # A count is a side note of a read: when it cannot be written (a full disk) the
+            # read still answers, with the counts as they were; this use goes uncounted.
+            log.warning("could not count %d memory use(s) (%s): %s", len(new), use, exc)
+            return {}
         for (db_id, key), access in new.items():  # only once the write committed
             counts.setdefault(db_id, {})[key] = access
         return new

@@ -157,7 +157,8 @@ class Agents:
         if rec is None:
             known = ", ".join(r.name for r in self.registry.agents()) or "none yet"
             raise UnknownName(f"no agent named {name!r} (agents: {known}); create one with: memmesh agent new {name}")
-        return Agent(rec.name, self.home.load_key(rec.key_name), self.home.database(rec.db_id))
+        db = self.home.database(rec.db_id)
+        return Agent(rec.name, self.home.load_creator_key(rec.key_name, db), db)
 
     def agents(self) -> list[AgentRecord]:
         return self.registry.agents()

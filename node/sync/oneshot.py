@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from node import fence
 from node.sync import messages as m
 from node.sync.http import HttpTransport, call, run_exchange
 from node.sync.protocol import Client, Exchange, SyncError
@@ -59,6 +60,7 @@ async def _one(node: "Node", transport: HttpTransport, client: Client, db, key: 
             continue
 
         await run(lambda: node.sync.record_exchange(db.id, key, address, exchange.stats, how="manual"))
+        await run(lambda: fence.after_exchange(node, db, key, exchange.stats))  # its own entries may be back
         return {"db": db.id, "peer": key, "address": address, "ok": True, "error": None,
                 "pulled": exchange.stats.pulled, "pushed": exchange.stats.pushed}
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 
 from auth.keys import SigningKey
 from crdt.database import Database
-from crdt.errors import MemmeshError, RejectedError
+from crdt.errors import MemmeshError, RejectedError, StorageError, WriteFailedError
 from node.sync import messages as m
 from node.sync.envelope import (
     ANY_TARGET, Caller, EnvelopeError, RequestVerifier, SignedRequest, sign_request, sign_response, verify_response,
@@ -130,6 +130,14 @@ class SyncServer:
             status, reply = self._dispatch(op, request, caller, now)
         except RejectedError as exc:
             status, reply = 400, m.ErrorReply(exc.reason, str(exc))
+        except StorageError as exc:
+            # Never a success that lists entries as stored: the caller keeps them and sends them
+            # again. The peer is told what to do; the file and its fault are for our operator.
+            log.warning("sync %s from %s failed in storage: %s", op, caller.key, exc)
+            what = ("could not write (its disk is full or failing)" if isinstance(exc, WriteFailedError)
+                    else "could not use its storage")
+            status, reply = 503, m.ErrorReply("sync.storage", f"this node {what}; nothing of this request is "
+                                                              "acknowledged: send it again later")
         except MemmeshError as exc:
             status, reply = 500, m.ErrorReply("sync.internal", str(exc))
         payload = m.pack(reply.encode())
@@ -315,7 +323,12 @@ class Exchange:
             self.stats.pages += 1
             if reply.entries:
                 self.stats.bytes_in += sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in reply.entries)
-                result = self.db.ingest(reply.entries, source=f"peer:{self.peer}")
+                try:
+                    result = self.db.ingest(reply.entries, source=f"peer:{self.peer}")
+                except StorageError as exc:
+                    # The exchange fails like any sync failure (the link's status says why);
+                    # what the page held that was not stored, the next exchange pulls again.
+                    raise SyncError("sync.storage", f"could not store what {self.peer} sent: {exc}") from exc
                 self.stats.pulled += len(result.accepted) + len(result.stored_rejected)
                 self.stats.pulled_pending += len(result.pending)
                 for _id, reason, _detail in result.rejected:

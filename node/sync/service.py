@@ -26,6 +26,7 @@ from aiohttp import web
 
 from auth.permissions import holds
 from crdt.database import Database
+from node import fence
 from node.sync import messages as m
 from node.sync import sharing
 from node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
@@ -306,14 +307,16 @@ class SyncService:
                 if exchange.stats.peer_feeds is not None:
                     seen = exchange.stats
                 continue
-            await run(lambda: self._record_success(db_id, peer, address, exchange))
+            await run(lambda: self._record_success(db, peer, address, exchange))
             return exchange
         error = last_error or SyncError("sync.no_address", f"no address known for {peer}")
         await run(lambda: self._record_failure(db_id, peer, error, seen))
         raise error
 
-    def _record_success(self, db_id: str, peer: str, address: str, exchange: Exchange) -> None:
+    def _record_success(self, db: Database, peer: str, address: str, exchange: Exchange) -> None:
+        db_id = db.id
         self.node.sync.record_exchange(db_id, peer, address, exchange.stats)
+        fence.after_exchange(self.node, db, peer, exchange.stats)  # the node's own entries may be back
         self._tell_link(db_id, peer, None)
         st = exchange.stats
         log.info("synced %s with %s at %s: pulled %d, pushed %d", db_id[:15], peer[:20], address, st.pulled, st.pushed)

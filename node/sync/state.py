@@ -114,7 +114,10 @@ class SyncState:
 
     def address(self) -> str | None:
         raw = self._s.get_local(NS, ADDRESS_KEY)
-        return None if raw is None else raw.decode()
+        try:
+            return None if raw is None else raw.decode()
+        except UnicodeDecodeError as exc:
+            raise self._damaged(NS, ADDRESS_KEY, exc) from exc
 
     def set_address(self, address: str) -> None:
         self._s.put_local(NS, ADDRESS_KEY, address.encode())
@@ -137,7 +140,17 @@ class SyncState:
     # ------------------------------------------------------------------ invites
     def invite(self, key: str) -> Invite | None:
         raw = self._s.get_local(NS_INVITES, key)
-        return None if raw is None else Invite(**json.loads(raw))
+        try:
+            return None if raw is None else Invite(**json.loads(raw))
+        except (TypeError, ValueError) as exc:
+            raise self._damaged(NS_INVITES, key, exc) from exc
+
+    def _damaged(self, ns: str, key: str, exc: Exception) -> Exception:
+        """Damaged bytes in a record: one line naming the storage file, never a traceback."""
+        from node.file_check import clean, damaged
+
+        return damaged(str(getattr(self._s, "path", "the storage")),
+                       f"its peer-local record {ns}/{clean(key, 80)} cannot be read: {clean(exc, 80)}")
 
     def put_invite(self, key: str, invite: Invite) -> None:
         self._s.put_local(NS_INVITES, key, json.dumps(asdict(invite), sort_keys=True).encode())

@@ -64,10 +64,17 @@ a key; about 1.6 N rows). Each case runs as the recall tool runs it, ``RecallArg
 argument), ``as_of_hybrid`` / ``as_of_bm25`` / ``as_of_newest`` (a world time uniform over the
 history's span; no query for ``newest``), ``as_known_at_hybrid`` (an entry drawn per query),
 ``as_known_at_anchor_hybrid`` (one entry for every query), ``as_known_at_newest``,
-``as_known_at_and_as_of_hybrid``; ``as_of_first_s`` (the first as_of recall, which builds the
-all-rows index) and ``as_of_after_write`` (one remember, then one as_of recall). Every as_of
-result is checked to be the row that held at the asked time, every as_known_at result to be
-its key's current row in the entry's causal past. The as_known_at cases run when RecallArgs
+``as_known_at_and_as_of_hybrid``; ``as_of_first_s`` (the first as_of recall after the history
+was fed row by row: the timeline arrays are ordered then), ``as_of_after_write`` (one remember,
+then one as_of recall) and ``as_known_at_after_write`` (as known at an entry just written). Every
+as_of result is checked to be the row that held at the asked time, every as_known_at result to
+be its key's current row (or the row that held then) in the entry's causal past, and a few
+no-query answers are compared whole with the ten newest of a reference set; the references are
+the timeline rules applied key by key in Python with ``Database.precedes``, none of the view's
+arrays. Also per size: VmRSS of the history database with its view, and the time and memory of a
+second view built by rebuild; the neighbors tool (:func:`bench_neighbors`) at depth 1 and 2 on a
+home whose agent holds N memories with typed edges (and a second agent with N/10), its depth-1
+answers checked against a scan of every current row. The as_known_at cases run when RecallArgs
 has that argument, else the JSON says they were not measured. ``--time-only`` runs only these.
 
 Timing hygiene as in recall_core: 20 warm-up queries and ``gc.collect(); gc.freeze()`` before
@@ -121,9 +128,10 @@ from auth.keys import SigningKey  # noqa: E402
 from crdt.database import Database  # noqa: E402
 from node.commands.tools import RecallArgs  # noqa: E402
 from node.memory.bm25 import InvertedIndex  # noqa: E402
+from node.memory.bm25 import _release_freed_memory as release_freed_memory  # noqa: E402
 from node.memory.embedders import EmbedderConfig, HashedEmbedder, default_provider, make_embedder  # noqa: E402
 from node.memory.rows import MEMORY_STORE, check_time, embedding_value, iso_utc, memory_value  # noqa: E402
-from node.memory.timeline import held_at  # noqa: E402
+from node.memory.timeline import current_in, held_at  # noqa: E402
 from node.memory.tokens import document_text, tokenize  # noqa: E402
 from node.memory.view import MemoryView  # noqa: E402
 from node.storage import SqliteStorage  # noqa: E402
@@ -150,6 +158,13 @@ def rss_mib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def trimmed_rss_mib() -> float:
+    """VmRSS after a full collection and after giving freed heap back to the OS."""
+    gc.collect()
+    release_freed_memory()
+    return rss_mib()
 
 
 def full_gc_ms() -> float:
@@ -341,7 +356,8 @@ P_CORRECTION = 0.1  # revisions without valid_from: a correction that answers fo
 P_RETIRED = 0.08  # keys whose current row is retired by a merge row with valid_to
 P_TOMBSTONED = 0.02  # keys retired by another key's row (a supersedes edge)
 CATEGORIES = ("fact", "decision", "preference", "lesson")
-AFTER_WRITE_SAMPLES = 3  # each rebuilds the all-rows index: seconds at 100k
+AFTER_WRITE_SAMPLES = 20  # a remember, then a time-aware recall (nothing is rebuilt)
+COMPLETE_CHECKS = 5  # no-query calls whose whole answer is checked against the Python reference
 TARGET_TIME_P99_MS = 50.0
 TIME_CASES = ("now_hybrid", "as_of_hybrid", "as_of_bm25", "as_of_newest", "as_known_at_hybrid",
               "as_known_at_anchor_hybrid", "as_known_at_newest", "as_known_at_and_as_of_hybrid")
@@ -474,6 +490,32 @@ def bench_time(n: int, built: dict, queries: list[list[str]], hashed: HashedEmbe
         vec = hashed.embed([q])[0] if embed and q.strip() and view.has_vectors() else None
         return view.recall(q, limit=10, query_vector=vec, filters=filters)
 
+    # The references: the timeline rules applied key by key in Python (node.memory.timeline),
+    # the causal past by Database.precedes, nothing of the view's arrays or masks.
+    db = built["db"]
+
+    def in_past(m, entry: str) -> bool:
+        return m.entry_id == entry or db.precedes(m.entry_id, entry)
+
+    def ref_held(key: str, t: int):
+        return held_at(key, view.timeline(key), t)
+
+    def ref_known(key: str, entry: str, as_of: str | None):
+        timeline = [m for m in view.timeline(key) if in_past(m, entry)]
+        if not any(m.key == key for m in timeline):
+            return None
+        if as_of is not None:
+            return held_at(key, timeline, check_time("as_of", as_of))
+        m = current_in(key, timeline)
+        # The caller's clock hides a fact whose valid_to has passed (recall without as_of).
+        return None if m is None or (m.valid_to is not None and m.valid_to <= now) else m
+
+    def ref_all(picked):
+        """The ten newest of the rows picked per key (None: nothing for that key)."""
+        return sorted((m for m in picked if m is not None), key=lambda m: m.order, reverse=True)[:10]
+
+    keys_of_view = sorted({m.key for m in view.memories(include_superseded=True)})
+
     # The first as_of recall after any change of the database builds the index over every row.
     t = time.perf_counter()
     recall({"query": qstrs[0], "as_of": times[0]})
@@ -503,34 +545,146 @@ def bench_time(n: int, built: dict, queries: list[list[str]], hashed: HashedEmbe
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         out[name]["mean_results"] = sum(map(len, found)) / len(found)
-        if name == "as_of_hybrid":
+        if name in ("as_of_hybrid", "as_of_newest"):
             # Every result must be the row of its key that held at the asked time.
-            wrong = sum(held_at(m.key, view.timeline(m.key), check_time("as_of", w)) != m
-                        for (a,), ms in zip(args, found) for w in [a["as_of"]] for m in ms)
+            wrong = sum(ref_held(m.key, check_time("as_of", a["as_of"])) != m
+                        for (a, *_), ms in zip(args, found) for m in ms)
             out[name]["results_not_held_then"] = wrong
             if wrong:
-                raise SystemExit(f"recall: {wrong} as_of results did not hold at the asked time")
-        if name == "as_known_at_hybrid":
-            # Every result must be its key's current row in the causal past of the entry.
-            wrong = sum(view.past(a["as_known_at"]).current.get(m.key) != m
-                        for (a,), ms in zip(args[:50], found[:50]) for m in ms)
+                raise SystemExit(f"recall: {wrong} {name} results did not hold at the asked time")
+        if name in ("as_known_at_hybrid", "as_known_at_newest", "as_known_at_and_as_of_hybrid"):
+            # Every result must be its key's current row (or, with as_of, the row that held
+            # then) among the rows of the entry's causal past.
+            wrong = sum(ref_known(m.key, a["as_known_at"], a.get("as_of")) != m
+                        for (a, *_), ms in zip(args, found) for m in ms)
             out[name]["results_not_current_then"] = wrong
             if wrong:
-                raise SystemExit(f"recall: {wrong} as_known_at results were not current in the entry's past")
+                raise SystemExit(f"recall: {wrong} {name} results were not current in the entry's past")
+    # Completeness, on a few no-query calls (newest first): the whole answer equals the ten
+    # newest of the reference set, computed key by key in Python.
+    complete = 0
+    for w, e in zip(times[:COMPLETE_CHECKS], known[:COMPLETE_CHECKS]):
+        t = check_time("as_of", w)
+        for args_, want in (({"as_of": w}, ref_all([ref_held(k, t) for k in keys_of_view])),
+                            ({"as_known_at": e}, ref_all([ref_known(k, e, None) for k in keys_of_view]))):
+            got = recall(args_)
+            if got != want:
+                raise SystemExit(f"recall: {args_} returned {[m.key for m in got]}, the reference "
+                                 f"{[m.key for m in want]}")
+            complete += 1
+    out["complete_answers_checked"] = complete
     gc.unfreeze()
     out["keys_held_at_mean"] = float(np.mean([len(view.held_at(check_time("as_of", w))) for w in times[:20]]))
 
-    # A live node writes between recalls: each write drops the all-rows index, so the next
-    # as_of recall rebuilds it. One remember, then one timed as_of recall, a few times.
+    # A live node writes between recalls; every index follows the new row, nothing is
+    # rebuilt. One remember, then one timed as_of recall and one as_known_at recall as known
+    # at the entry just written (a past never asked about), a few times.
     remember = remember_fn(built["db"], built["key"], hashed)
-    after = []
+    after: dict[str, list[int]] = {"as_of_after_write": [], "as_known_at_after_write": []}
     for i in range(AFTER_WRITE_SAMPLES):
-        remember(f"late-write-{i}", f"written between two time-aware recalls {i}", ["todo"])
+        entry = remember(f"late-write-{i}", f"written between two time-aware recalls {i}", ["todo"])
         t = time.perf_counter_ns()
         recall({"query": qstrs[i], "as_of": times[i]})
-        after.append(time.perf_counter_ns() - t)
-    out["as_of_after_write"] = {**pct(after), "n": len(after)}
+        after["as_of_after_write"].append(time.perf_counter_ns() - t)
+        remember(f"late-write-{i}-b", f"and another one {i}", ["todo"])
+        t = time.perf_counter_ns()
+        got = recall({"query": qstrs[i], "as_known_at": entry})
+        after["as_known_at_after_write"].append(time.perf_counter_ns() - t)
+        if any(ref_known(m.key, entry, None) != m for m in got):
+            raise SystemExit("recall: an as_known_at result after a write was not current in the entry's past")
+    for name, samples in after.items():
+        out[name] = {**pct(samples), "n": len(samples)}
+    out["view_sizes"] = view.sizes()
     return out
+
+# ------------------------------------------------------------------------ neighbors
+NEIGHBOR_TYPES = ("see", "depends-on", "about")
+NEIGHBOR_QUERIES = 200
+NEIGHBOR_CHECKS = 5  # starts whose depth-1 answer is checked against a scan of every current row
+
+
+def bench_neighbors(tmp: Path, mems: list[Mem], n: int, seed: int) -> dict:
+    """The neighbors tool on a real home: agent alpha's memory of ``n`` memories and agent
+    beta's of ``n // 10`` (alpha may read it), each memory with 0-3 typed edges to a random key
+    of its own memory (70 %), of the other one as ``BANK:KEY`` (20 %) or to a key that does not
+    exist (10 %); ROWS_PER_ENTRY rows per signed entry. Timed: ``node.call_tool("alpha",
+    "neighbors", {"key": k, "depth": d})`` from random keys, d = 1 and 2, after a warm-up (the
+    first call builds both views). Checked: the depth-1 neighbours of a few starts equal what a
+    scan of every current row of both memories finds."""
+    from node import Node
+    from node.memory.backlinks import split_target
+
+    rnd = random.Random(seed)
+    tmp.mkdir(parents=True, exist_ok=True)
+    node = Node.open(tmp / "neighbors-home")
+    try:
+        node.set_embedder_config(EmbedderConfig("none"))
+        node.agents.create_agent("alpha")
+        node.agents.create_agent("beta")
+        node.run("memory.grant", {"bank": "beta", "agent": "alpha", "perm": "read"})
+        sizes = {"alpha": n, "beta": max(1, n // 10)}
+        keys = {name: [k for k, _, _ in mems[:size]] for name, size in sizes.items()}
+        t0 = time.perf_counter()
+        n_edges = 0
+        for name, size in sizes.items():
+            other = "beta" if name == "alpha" else "alpha"
+            agent = node.agents.agent(name)
+            for start in range(0, size, ROWS_PER_ENTRY):
+                txn = agent.db.transaction(agent.key)
+                for k, v, tags in mems[start:min(size, start + ROWS_PER_ENTRY)]:
+                    edges = []
+                    for _ in range(rnd.randint(0, 3)):
+                        r = rnd.random()
+                        to = (rnd.choice(keys[name]) if r < 0.7 else
+                              f"{other}:{rnd.choice(keys[other])}" if r < 0.9 else f"ghost-{rnd.randrange(10**6)}")
+                        edges.append({"type": rnd.choice(NEIGHBOR_TYPES), "to": to})
+                    unique = list(dict.fromkeys((e["type"], e["to"]) for e in edges))
+                    row = memory_value(k, v, tags, edges=[{"type": t, "to": to} for t, to in unique] or None)
+                    n_edges += len(row.get("edges", []))
+                    txn.append(MEMORY_STORE, row)
+                txn.commit()
+        build_s = time.perf_counter() - t0
+        starts = [rnd.choice(keys["alpha"]) for _ in range(NEIGHBOR_QUERIES)]
+
+        def call(k: str, depth: int):
+            return node.call_tool("alpha", "neighbors", {"key": k, "depth": depth})
+
+        t = time.perf_counter()
+        call(starts[0], 1)
+        first_s = time.perf_counter() - t
+        out: dict = {"memories": sizes, "edges": n_edges, "build_s": build_s, "first_call_s": first_s}
+        for depth in (1, 2):
+            found, out[f"depth_{depth}"] = timed(call, [(k, depth) for k in starts])
+            out[f"depth_{depth}"]["mean_neighbors"] = sum(r["count"] for r in found) / len(found)
+        gc.unfreeze()
+
+        # The reference: every current row of both memories, each link resolved, both directions.
+        ids = {name: node.agents.agent(name).db.id for name in sizes}
+        resolve = {name: db_id for name, db_id in ids.items()}.get
+        links: set[tuple[str, str, str, str]] = set()  # (from db, from key, to db, to key)
+        for name, db_id in ids.items():
+            for m in node.memory.view(node.agents.agent(name).db).memories():
+                for e in m.edges:
+                    if e.type == "supersedes":
+                        continue
+                    to_db, to_key = split_target(e.to, resolve)
+                    links.add((db_id, m.key, to_db or db_id, to_key))
+        current = {(db_id, m.key) for name, db_id in ids.items()
+                   for m in node.memory.view(node.agents.agent(name).db).memories()}
+        for k in starts[:NEIGHBOR_CHECKS]:
+            me = (ids["alpha"], k)
+            want = {(b, kk) for a, ak, b, kk in links if (a, ak) == me} | {(a, ak) for a, ak, b, kk in links
+                                                                          if (b, kk) == me}
+            want = {x for x in want if x in current and x != me}
+            names = {v: name for name, v in ids.items()}
+            got = {(ids[m["bank"]], m["key"]) for m in call(k, 1)["neighbors"]}
+            if got != want:
+                raise SystemExit(f"neighbors: from {k} found {sorted(got)}, the scan {sorted(want)} ({names})")
+        out["checked_starts"] = NEIGHBOR_CHECKS
+        return out
+    finally:
+        node.close()
+
 
 def bench_embed(embedder, texts: list[str], one_call: bool = False) -> dict:
     t = time.perf_counter()
@@ -711,19 +865,42 @@ def main(argv: list[str] | None = None) -> int:
             "as_known_at_anchor_hybrid": "as_known_at one entry (the middle one) for every query",
             "as_known_at_newest": "as_known_at with no query",
             "as_known_at_and_as_of_hybrid": "both",
-            "as_of_first_s": "the first as_of recall after the view was built: builds the all-rows index",
+            "as_of_first_s": "the first as_of recall after the view was built (the timeline arrays "
+                             "of rows fed one by one are ordered then)",
             "as_of_after_write": f"{AFTER_WRITE_SAMPLES} x (one remember, then one as_of recall)",
+            "as_known_at_after_write": f"{AFTER_WRITE_SAMPLES} x (a remember E, another remember, then one "
+                                       "as_known_at E recall)",
+            "rss": "MiB of VmRSS (after gc.collect() and malloc_trim): after minus before building the "
+                   "history database with its view (fed row by row), and a second view of it built by "
+                   "rebuild (what opening a node pays)",
         },
         "sizes": {},
     }
     with tempfile.TemporaryDirectory(prefix="memmesh-recall-time-") as tmp_name:
         for n in sizes:
             label = SIZES[n]
+            # Freed heap is handed back first (malloc_trim): otherwise what earlier steps freed
+            # and the allocator kept hides what the step under measurement holds.
+            rss = {"before_mb": trimmed_rss_mib()}
             built = build_history(Path(tmp_name), mems, revision_values, n, hashed, args.seed + 11)
+            rss["after_mb"] = trimmed_rss_mib()
+            rss["delta_mb"] = rss["after_mb"] - rss["before_mb"]
+            t = time.perf_counter()
+            second = MemoryView(built["db"], embedding_store=hashed.store_name, dim=hashed.dim)
+            rss["view_rebuild_s"] = time.perf_counter() - t
+            rss["second_view_mb"] = trimmed_rss_mib() - rss["after_mb"]
+            second.close()
+            del second
+            gc.collect()
             log(f"built history {label}: {built['stats']['rows']} rows in {built['stats']['entries']} entries, "
-                f"{built['stats']['build_s']:.1f}s")
+                f"{built['stats']['build_s']:.1f}s; RSS +{rss['delta_mb']:.0f} MiB, a rebuilt view "
+                f"+{rss['second_view_mb']:.0f} MiB in {rss['view_rebuild_s']:.1f}s")
             report["time_aware"]["sizes"][label] = bench_time(n, built, queries[:args.time_queries], hashed,
                                                               args.seed + 13)
+            report["time_aware"]["sizes"][label]["rss"] = rss
+            report["time_aware"]["sizes"][label]["neighbors"] = bench_neighbors(
+                Path(tmp_name) / f"nb-{label}", mems, n, args.seed + 17)
+            log(f"measured neighbors {label}")
             built["view"].close()
             built["storage"].close()
             del built
@@ -828,9 +1005,20 @@ def print_time(by_size: dict[str, dict]) -> None:
     rows += [(f"{case} p50 / p99 ms", (lambda c: lambda r: _pp(r[c]) if c in r else "n/a")(case))
              for case in TIME_CASES]
     rows += [
-        ("as_of first recall (all-rows index) s", lambda r: f"{r['as_of_first_s']:.2f}"),
+        ("as_of first recall s", lambda r: f"{r['as_of_first_s']:.3f}"),
         ("as_of after a write p50 / max ms",
-         lambda r: f"{r['as_of_after_write']['p50_ms']:.0f} / {r['as_of_after_write']['max_ms']:.0f}"),
+         lambda r: f"{r['as_of_after_write']['p50_ms']:.1f} / {r['as_of_after_write']['max_ms']:.1f}"),
+        ("as_known_at after a write p50 / max ms",
+         lambda r: f"{r['as_known_at_after_write']['p50_ms']:.1f} / {r['as_known_at_after_write']['max_ms']:.1f}"),
+        ("RSS MiB: bank + view / rebuilt view", lambda r: f"{r['rss']['delta_mb']:.0f} / {r['rss']['second_view_mb']:.0f}"),
+        ("view rebuild s", lambda r: f"{r['rss']['view_rebuild_s']:.2f}"),
+        ("neighbors depth 1 p50 / p99 ms", lambda r: _pp(r["neighbors"]["depth_1"])),
+        ("neighbors depth 2 p50 / p99 ms", lambda r: _pp(r["neighbors"]["depth_2"])),
+        ("  mean neighbours at depth 1 / 2", lambda r: f"{r['neighbors']['depth_1']['mean_neighbors']:.1f} / "
+                                                   f"{r['neighbors']['depth_2']['mean_neighbors']:.1f}"),
+        ("view arrays MiB (bm25/vec/old vec/cols)", lambda r: "/".join(
+            f"{r['view_sizes'][k] / 2**20:.0f}" for k in ("bm25_bytes", "vectors_bytes", "old_vectors_bytes",
+                                                          "columns_bytes"))),
     ]
     cols = list(by_size)
     w = max(len(name) for name, _ in rows)

@@ -182,8 +182,9 @@ def _run_tool(home: Path, agent: str, name: str, arguments: dict[str, Any]) -> C
     return CallToolResult(content=[TextContent(type="text", text=result.text)], structured_content=result.data)
 
 
-# The prompt takes the autorecall command's parameters but the agent, which is this server's.
-PROMPT_ARGS = [name for name in AutoRecall.model_fields if name != "agent"]
+# The prompt takes the autorecall command's parameters but the agent, which is this server's,
+# and no_count: the prompt's block goes into the conversation, so it counts as an injection.
+PROMPT_ARGS = [name for name in AutoRecall.model_fields if name not in ("agent", "no_count")]
 LINES = {"messages": "; one message per line"}  # a list parameter, as a prompt's string argument
 
 

@@ -6,13 +6,17 @@ Real homes (SQLite in tmp_path), config.yaml applied by `reload`, one real CLI p
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import node as node_module
 from auth.errors import MemmeshError
 from node import Node
+from node.cli_args import build_parser, command_of
 from node.commands.params import ParamsError
 from node.memory.access import NS_ACCESS
 from node.registry import UnknownName
@@ -122,6 +126,23 @@ def test_auto_recall_counts_injections_of_the_lines_it_shows(node):
     assert recall(node, "deploy", no_count=True)["deploy"]["access_count"] == 2
 
 
+def test_an_auto_recall_preview_is_not_counted_as_an_injection(node, tmp_path):
+    remember(node, "deploy", "deploy with nix")
+    shown = autorecall(node, "how do we deploy?")  # what a harness calls before a model turn
+    counted = node.memory.access.get(node.agents.agent("alpha").db.id, "deploy")
+    assert (counted.injections, counted.recalls) == (1, 0)
+    # The cockpit's preview (and `memmesh autorecall --no-count`) shows the same block, counting nothing.
+    preview = node.run("autorecall", {"agent": "alpha", "messages": ["how do we deploy?"], "no_count": True}).data
+    assert preview == shown
+    name, params = command_of(build_parser().parse_args(
+        ["autorecall", "alpha", "--no-count", "how do we deploy?"]))
+    assert node.run(name, {k: v for k, v in params.items() if v is not None}).data == shown
+    assert node.memory.access.get(node.agents.agent("alpha").db.id, "deploy") == counted
+    # The block the page shows is requested as a preview (node/api/static/app.js).
+    page = (Path(node_module.__file__).parent / "api" / "static" / "app.js").read_text()
+    assert re.search(r'/autorecall`, \{messages, no_count: true\}', page)
+
+
 def test_reads_never_write_to_any_database_and_counts_survive_a_reopen(tmp_path):
     home = tmp_path / "h"
     node = _fresh(home)
@@ -161,6 +182,7 @@ def test_memory_stats_orders_most_and_least_used(node):
     for query, times in (("gamma", 3), ("alpha", 1), ("beta", 1)):
         for _ in range(times):
             recall(node, query, bank="other")
+        time.sleep(0.005)  # last access is kept in ms, and a recall can take less than one
     data = node.run("memory.stats", {"bank": "other"}).data
     assert (data["bank"], data["memories"], data["used"]) == ("other", 4, 3)
     # Most used: count, then the latest access first (beta was recalled after alpha).

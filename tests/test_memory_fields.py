@@ -6,8 +6,12 @@ different orders for determinism across replicas.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from auth.errors import MemmeshError
+from crdt.database import Database
+from crdt.storage import MemoryStorage
 from node import Node
 from node.memory.embedders import EmbedderConfig
 from node.memory.rows import MEMORY_STORE, memory_value, parse_memory
@@ -16,7 +20,7 @@ from node.memory.timeline import Filters
 from node.memory.view import MemoryView
 from tests.dbkit import feed, grant, key, new_db, replica, write
 
-ADMIN, ALICE, BOB = key(1), key(2), key(3)
+ADMIN, ALICE, BOB, CAROL = key(1), key(2), key(3), key(4)
 
 
 @pytest.fixture
@@ -202,33 +206,87 @@ def _write_on(db, who, k, v, **fields):
     return write(db, who, plan.row)
 
 
-def test_concurrent_supersession_same_winner_and_conflicts_everywhere():
+def _concurrent_venues():
+    """A shared row of "venue", then rows of it on three replicas that had not seen each other:
+    Alice's, Bob's, and two of Carol's (her second supersedes her first)."""
     base = new_db(ADMIN)
-    grant(base, ADMIN, ALICE, "write", 10)
-    grant(base, ADMIN, BOB, "write", 10)
-    _write_on(base, ALICE, "venue", "room 1")
-    a, b = replica(base), replica(base)
-    ea = _write_on(a, ALICE, "venue", "room 2")  # neither saw the other
-    eb = _write_on(b, BOB, "venue", "room 3")
-    one, two = replica(a), replica(b)
-    feed(one, b)
-    feed(two, a)
-    answers = []
-    for db in (one, two):
-        view = MemoryView(db)
-        [winner] = view.recall("venue", filters=Filters(now=0))
-        rel = view.relations(winner)
-        answers.append((winner.entry_id, [c["entry"] for c in rel["conflicts"]]))
-        assert [c["entry"] for c in rel["conflicts"]] == [({ea, eb} - {winner.entry_id}).pop()]
-        # both rows record the same superseded row: the shared base
-        assert {e.entry for m in view.memories(include_superseded=True) for e in m.supersedes} == {
-            base.rows(MEMORY_STORE)[0].entry_id}
-    assert answers[0] == answers[1]
-    # A row written after seeing both resolves the conflict.
-    _write_on(one, ALICE, "venue", "room 4")
+    for who in (ALICE, BOB, CAROL):
+        grant(base, ADMIN, who, "write", 10)
+    first = _write_on(base, ALICE, "venue", "room 1")
+    sides = [replica(base) for _ in range(3)]
+    rows = {"alice": _write_on(sides[0], ALICE, "venue", "room 2"),
+            "bob": _write_on(sides[1], BOB, "venue", "room 3"),
+            "carol": _write_on(sides[2], CAROL, "venue", "room 4")}
+    rows["carol-again"] = _write_on(sides[2], CAROL, "venue", "room 5")
+    entries: dict[str, tuple] = {}
+    for side in sides:
+        for s in side.storage.entries(side.id):
+            entries.setdefault(s.id, (s.header, dict(s.payloads)))
+    whole = replica(sides[0])
+    for side in sides[1:]:
+        feed(whole, side)
+    return base.id, first, rows, list(entries.values()), whole
+
+
+VENUE_DB, VENUE_FIRST, VENUE_ROWS, VENUE_ENTRIES, VENUE_WHOLE = _concurrent_venues()
+
+
+def _venue_reference():
+    """The winner and its conflicts from the rules alone: the newest row in T order, and
+    every other row of the key whose entry neither precedes nor follows the winner's."""
+    mems = [parse_memory(r) for r in VENUE_WHOLE.rows(MEMORY_STORE)]
+    winner = max(mems, key=lambda m: m.order)
+    conflicts = sorted(m.entry_id for m in mems if m.entry_id != winner.entry_id
+                       and not VENUE_WHOLE.precedes(m.entry_id, winner.entry_id)
+                       and not VENUE_WHOLE.precedes(winner.entry_id, m.entry_id))
+    return winner.entry_id, conflicts
+
+
+def _venue_answer(view):
+    [winner] = view.recall("venue", filters=Filters(now=0))
+    rel = view.relations(winner)
+    return winner.entry_id, sorted(c["entry"] for c in rel.get("conflicts", []))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.permutations(range(len(VENUE_ENTRIES))),
+                          st.lists(st.integers(1, 3), min_size=len(VENUE_ENTRIES), max_size=len(VENUE_ENTRIES))),
+                min_size=2, max_size=2))
+def test_concurrent_supersession_same_winner_and_conflicts_in_every_delivery_order(deliveries):
+    expected = _venue_reference()
+    # The shared row is superseded by every later row; the three writers' rows conflict.
+    assert expected[0] in {VENUE_ROWS["alice"], VENUE_ROWS["bob"], VENUE_ROWS["carol-again"]}
+    assert VENUE_FIRST not in expected[1] and len(expected[1]) >= 2
+    for order, sizes in deliveries:  # two replicas, each fed in its own order and batches
+        storage = MemoryStorage()
+        storage.add_database(VENUE_DB)
+        db = Database(storage, VENUE_DB)
+        fed = MemoryView(db)  # attached before anything arrives: fed incrementally
+        i = 0
+        for size in sizes:
+            if i >= len(order):
+                break
+            db.ingest([VENUE_ENTRIES[j] for j in order[i:i + size]])  # children wait for their parents
+            i += size
+        assert storage.pending(VENUE_DB) == [] and len(db) == len(VENUE_WHOLE)
+        for view in (fed, MemoryView(db)):  # and built from scratch
+            assert _venue_answer(view) == expected
+            # Each writer's first row records the row it replaced: the shared one.
+            assert {m.entry_id: [e.entry for e in m.supersedes] for m in view.memories(include_superseded=True)} == {
+                VENUE_FIRST: [], VENUE_ROWS["alice"]: [VENUE_FIRST], VENUE_ROWS["bob"]: [VENUE_FIRST],
+                VENUE_ROWS["carol"]: [VENUE_FIRST], VENUE_ROWS["carol-again"]: [VENUE_ROWS["carol"]]}
+            # As known at each writer's own row, there is no conflict: the others were not known.
+            for name in ("alice", "bob"):
+                [then] = view.recall("venue", filters=Filters(now=0, as_known_at=VENUE_ROWS[name]))
+                assert then.entry_id == VENUE_ROWS[name] and "conflicts" not in view.relations(then, VENUE_ROWS[name])
+
+
+def test_a_row_written_after_concurrent_rows_ends_the_conflict():
+    one = replica(VENUE_WHOLE)
+    _write_on(one, ALICE, "venue", "room 6")
     view = MemoryView(one)
     [winner] = view.recall("venue")
-    assert winner.value == "room 4" and "conflicts" not in view.relations(winner)
+    assert winner.value == "room 6" and "conflicts" not in view.relations(winner)
 
 
 def test_as_of_and_tombstones_independent_of_delivery_order():
@@ -248,8 +306,6 @@ def test_as_of_and_tombstones_independent_of_delivery_order():
 
     expected = (["z", "y"], ["x"], ["y", "z"])
     for order in (entries_, list(reversed(entries_))):
-        from crdt.storage import MemoryStorage
-        from crdt.database import Database
         storage = MemoryStorage()
         storage.add_database(src.id)
         db = Database(storage, src.id)

@@ -151,6 +151,29 @@ def test_a_bank_granted_later_is_followed_and_a_revoked_one_is_not(node):
     assert all(m["bank"] != "team" for m in r["neighbors"])
 
 
+def test_backlinks_follow_bank_names_and_new_rows(node):
+    """The backlink index files an edge under every key its target may name; which one it
+    names is decided when asked, by the bank names of that moment."""
+    node.call_tool("alpha", "remember", {"key": "todo", "value": "read the later notes",
+                                         "edges": [{"type": "see", "to": "later:intro"}]})
+    node.call_tool("alpha", "remember", {"key": "later:intro", "value": "a key with a colon"})
+    # No bank "later" yet: the edge names alpha's own key "later:intro".
+    assert found(neighbors(node, key="later:intro")) == [(1, "alpha", "todo")]
+    node.run("memory.new", {"name": "later"})
+    node.run("memory.grant", {"bank": "later", "agent": "writer", "perm": "write"})
+    node.run("memory.grant", {"bank": "later", "agent": "alpha", "perm": "read"})
+    node.call_tool("writer", "remember", {"key": "intro", "value": "the later bank's intro", "bank": "later"})
+    # Now it names the bank's key: a backlink there, none on alpha's own "later:intro".
+    assert found(neighbors(node, key="intro", bank="later")) == [(1, "alpha", "todo")]
+    assert neighbors(node, key="later:intro")["neighbors"] == []
+    # A row written after the index was built links at once; its older row's links are gone.
+    node.call_tool("writer", "remember", {"key": "more", "value": "see intro", "bank": "later",
+                                          "edges": [{"type": "see", "to": "intro"}]})
+    assert found(neighbors(node, key="intro", bank="later")) == [(1, "alpha", "todo"), (1, "later", "more")]
+    node.call_tool("writer", "remember", {"key": "more", "value": "no longer about intro", "bank": "later"})
+    assert found(neighbors(node, key="intro", bank="later")) == [(1, "alpha", "todo")]
+
+
 def test_the_same_entries_give_the_same_answer(node):
     assert neighbors(node, key="plan", depth=3) == neighbors(node, key="plan", depth=3)
 

@@ -787,3 +787,110 @@ def test_tokenize_is_the_alnum_runs_of_two_or_more(text):
 
     runs = [t for t in _re.findall(r"[^\W_]+", text.lower()) if len(t) >= 2]
     assert tokenize(text) == runs
+
+
+# ------------------------------------------------------- subsets and masks (memory views)
+_subset_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 30), _doc_tokens),  # to the index
+        st.tuples(st.just("join"), st.integers(0, 30), st.just([])),  # the subset
+        st.tuples(st.just("leave"), st.integers(0, 30), st.just([])),
+        st.tuples(st.just("drop"), st.integers(0, 30), st.just([])),  # from the index (not a member)
+        st.tuples(st.just("join_many"), st.integers(0, 30), st.just([])),
+        st.tuples(st.just("compact"), st.just(0), st.just([])),
+    ),
+    max_size=60,
+)
+
+
+@given(_subset_ops, st.randoms(use_true_random=False))
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+def test_a_subset_scores_as_an_index_of_its_documents_alone(ops, rnd):
+    """A view ranks current rows with the current rows' statistics over postings shared with
+    the index of every row: the subset must answer bit for bit as a separate index would."""
+    ix = InvertedIndex()
+    sub = bm25_module.Subset(ix)
+    docs: dict[int, list[str]] = {}
+    members: set[int] = set()
+    for op, doc_id, tokens in ops:
+        if op == "add" and doc_id not in docs:
+            ix.add(doc_id, tokens)
+            docs[doc_id] = tokens
+        elif op == "join" and doc_id in docs and doc_id not in members:
+            sub.add(doc_id)
+            members.add(doc_id)
+        elif op == "join_many":
+            new = [d for d in docs if d not in members][: doc_id % 5 + 1]
+            sub.add_many(new)
+            members.update(new)
+        elif op == "leave" and doc_id in members:
+            sub.remove(doc_id)
+            members.discard(doc_id)
+        elif op == "drop" and doc_id in docs:
+            if doc_id in members:
+                with pytest.raises(ValueError, match="in a subset"):
+                    ix.remove(doc_id)
+            else:
+                ix.remove(doc_id)
+                del docs[doc_id]
+        elif op == "compact":
+            ix.compact()
+    alone = InvertedIndex()
+    items = [(d, docs[d]) for d in members]
+    rnd.shuffle(items)
+    for doc_id, tokens in items:
+        alone.add(doc_id, tokens)
+    assert len(sub) == len(alone) and sub.avgdl == alone.avgdl
+    assert all(sub.df(t) == alone.df(t) for t in _VOCAB)
+    assert all((d in sub) == (d in members) for d in range(31))
+    for q in _queries:
+        assert sub.search(q, limit=None) == alone.search(q, limit=None)
+        assert sub.search(q, limit=3) == alone.search(q, limit=3)
+        mask = np.array([d % 2 == 0 for d in range(31)])
+        assert sub.search(q, limit=None, mask=mask) == alone.search(q, limit=None, allowed=lambda d: d % 2 == 0)
+        # The index itself still answers over every document, with its own statistics.
+        whole = InvertedIndex()
+        for doc_id, tokens in docs.items():
+            whole.add(doc_id, tokens)
+        assert ix.search(q, limit=None) == whole.search(q, limit=None)
+
+
+def test_a_subset_is_scored_only_by_its_index():
+    a, b = InvertedIndex(), InvertedIndex()
+    a.add(0, ["x"])
+    b.add(0, ["x"])
+    sub = bm25_module.Subset(a)
+    sub.add(0)
+    with pytest.raises(ValueError, match="only by the index"):
+        b.search(["x"], limit=None, subset=sub)
+    with pytest.raises(ValueError, match="already in the subset"):
+        sub.add(0)
+    with pytest.raises(KeyError):
+        sub.remove(5)
+
+
+@given(st.lists(st.lists(st.integers(-3, 3), min_size=4, max_size=4), min_size=1, max_size=120),
+       st.lists(st.integers(-3, 3), min_size=4, max_size=4), st.floats(0.0, 1.0),
+       st.sampled_from([None, 1, 5, 100]), st.randoms(use_true_random=False))
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+def test_vector_search_with_a_mask_is_search_with_that_filter(rows, q, share, limit, rnd):
+    """Both paths of a mask (a selective one multiplies only the allowed rows) give exactly
+    what the lazy filter gives, and moving rows between indexes (add_unit) keeps them."""
+    if not any(q):
+        q = [1, 0, 0, 0]
+    ix = VectorIndex(4)
+    ids = rnd.sample(range(1000), len(rows))
+    for doc, v in zip(ids, rows):
+        ix.add(doc, np.array(v, dtype=np.float64))
+    mask = np.zeros(1000, dtype=bool)
+    mask[[d for d in ids if rnd.random() < share]] = True
+    want = ix.search(np.array(q, dtype=np.float64), limit=limit, allowed=lambda d: bool(mask[d]))
+    assert ix.search(np.array(q, dtype=np.float64), limit=limit, mask=mask) == want
+    moved = VectorIndex(4)
+    for doc in ids:
+        moved.add_unit(doc, ix.vector(doc))
+    assert moved.search(np.array(q, dtype=np.float64), limit=limit, mask=mask) == want
+    with pytest.raises(ValueError):
+        moved.add_unit(ids[0], ix.vector(ids[0]))
+    with pytest.raises(ValueError):
+        VectorIndex(4).add_unit(1, ix.vector(ids[0]).astype(np.float64))

@@ -241,9 +241,13 @@ class AutoRecall(AgentParams):
     messages: Annotated[list[str], Cli(positional=True, metavar="MESSAGE"), Field(
         description="the conversation so far, oldest first (the last 5 are used)")]
     session: Annotated[str | None, Field(description="the session, for banks attached to one session")] = None
+    # A preview (the cockpit's page) shows the block without injecting it into any model's context.
+    no_count: Annotated[bool, Cli(flag="--no-count"), Field(
+        description="a preview: do not count the lines shown as injections in the access counts")] = False
 
 
 @command("autorecall", AutoRecall, "print the Relevant Memories block for the last messages")
 def autorecall(node: "Node", p: AutoRecall) -> Result:
-    text, lines = node.memory.auto_recall_lines(node.agents.agent(p.agent), p.messages, p.session)
+    text, lines = node.memory.auto_recall_lines(node.agents.agent(p.agent), p.messages, p.session,
+                                                count=not p.no_count)
     return Result({"block": text, "lines": lines}, text.rstrip("\n"))

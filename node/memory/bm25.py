@@ -68,6 +68,10 @@ Data layout (no full scan per query, no per-token Python objects beyond the voca
   (:func:`node.memory.fusion.rank_candidates`). The per-slot length norm
   ``k1 * ((1 - b) + b * (dl / avgdl))`` is cached until the next mutation.
 
+Subsets (:class:`Subset`): a subset of the documents with its own statistics (N, df, avgdl),
+scored over the shared postings exactly as an index of those documents alone would score them.
+A memory view indexes every row once and ranks current rows through the subset of them.
+
 Not thread-safe: callers serialise access (one writer or reader at a time).
 """
 
@@ -86,7 +90,7 @@ import numpy as np
 
 from .fusion import _check_limit, rank_candidates
 
-__all__ = ["B", "K1", "InvertedIndex"]
+__all__ = ["B", "K1", "InvertedIndex", "Subset"]
 
 K1 = 1.5
 B = 0.75
@@ -199,6 +203,7 @@ class InvertedIndex:
         self._n_dead = 0
         self._total_len = 0
         self._norm: np.ndarray | None = None
+        self._subsets: list[Subset] = []  # subsets with their own statistics (see Subset)
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -222,8 +227,9 @@ class InvertedIndex:
         df = self.df(token)
         return self._idf(df) if df else 0.0
 
-    def _idf(self, df: int) -> float:
-        return math.log(1.0 + (self._n_live - df + 0.5) / (df + 0.5))
+    def _idf(self, df: int, n: int | None = None) -> float:
+        n = self._n_live if n is None else n
+        return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
     def nbytes(self) -> int:
         """Bytes held by the index's numpy arrays and tail arrays (not the vocabulary)."""
@@ -407,7 +413,10 @@ class InvertedIndex:
     def remove(self, doc_id: int) -> None:
         """Remove a document (KeyError if absent). Its postings become tombstones."""
         doc_id = _as_doc_id(doc_id)
-        slot = self._doc_slot.pop(doc_id)
+        slot = self._doc_slot[doc_id]
+        if any(sub._has_slot(slot) for sub in self._subsets):
+            raise ValueError(f"doc_id {doc_id} is in a subset: remove it from the subset first")
+        del self._doc_slot[doc_id]
         start, cnt = int(self._fwd_start[slot]), int(self._fwd_count[slot])
         df = self._df
         for tid in self._fwd_tok[start : start + cnt].tolist():
@@ -488,6 +497,8 @@ class InvertedIndex:
         self._n_dead = 0
         self._norm = None
         self._set_postings(fwd_tok, fwd_tf, np.repeat(np.arange(n_live, dtype=np.int64), live_counts))
+        for sub in self._subsets:
+            sub._renumbered(live_slots, keep_tok, cap)
         _release_freed_memory()
 
     # ------------------------------------------------------------------ search
@@ -498,24 +509,34 @@ class InvertedIndex:
             self._norm = self.k1 * ((1.0 - self.b) + self.b * (dl / avgdl))
         return self._norm
 
-    def scores(self, query_tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """All matching current documents: ``(doc_ids int64, scores float64)``, unordered."""
+    def scores(self, query_tokens: Sequence[str], subset: Subset | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """All matching current documents: ``(doc_ids int64, scores float64)``, unordered.
+
+        ``subset``: only its documents, scored with its own statistics (N, df, avgdl)."""
         if isinstance(query_tokens, str):
             raise TypeError("query_tokens must be a sequence of tokens, not a string")
         empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
-        if self._total_len == 0:
+        if subset is None:
+            n_live, total, df = self._n_live, self._total_len, self._df
+        else:
+            subset._check_owner(self)
+            subset._room()  # the index may have grown since the subset last changed
+            n_live, total, df = subset._n, subset._total, subset._df
+        if total == 0:
             return empty
-        vocab, df = self._vocab, self._df
-        counts = Counter(t for t in query_tokens if (tid := vocab.get(t)) is not None and df[tid] > 0)
+        vocab = self._vocab
+        n_df = len(df)
+        counts = Counter(t for t in query_tokens
+                         if (tid := vocab.get(t)) is not None and tid < n_df and df[tid] > 0)
         if not counts:
             return empty
-        norm = self._norms()
+        norm = self._norms() if subset is None else subset._norms()
         acc = np.zeros(self._n_slots, dtype=np.float64)
         offs, c_slot, c_tf, tail = self._offs, self._c_slot, self._c_tf, self._tail
         n_main = len(offs) - 1
         for token in sorted(counts):
             tid = vocab[token]
-            w = counts[token] * self._idf(df[tid])
+            w = counts[token] * self._idf(df[tid], n_live)
             parts = []
             if tid < n_main:
                 a, b = offs[tid : tid + 2].tolist()
@@ -530,9 +551,13 @@ class InvertedIndex:
                 contrib = tf / (tf + norm[slots])  # tf converted to float64 exactly
                 contrib *= w
                 acc[slots] += contrib  # slots are distinct within one postings list
-        cand = np.flatnonzero(acc)
-        if self._n_dead:
-            cand = cand[self._alive[cand]]
+        # nonzero() of a boolean array is several times faster than of a float one.
+        hit = acc != 0.0
+        if subset is not None:
+            hit &= subset._in[: self._n_slots]  # members of a subset are live documents
+        elif self._n_dead:
+            hit &= self._alive[: self._n_slots]
+        cand = np.flatnonzero(hit)
         return self._slot_doc[cand], acc[cand]
 
     def search(
@@ -542,12 +567,161 @@ class InvertedIndex:
         limit: int | None,
         allowed: Callable[[int], bool] | None = None,
         tiebreak: Callable[[int], Any] | None = None,
+        mask: np.ndarray | None = None,
+        subset: Subset | None = None,
     ) -> list[tuple[int, float]]:
         """Best-first ``(doc_id, score)`` for documents matching any query token.
 
         Sorted by ``(-score, tiebreak(doc_id))`` (default tiebreak: the doc id); only
-        ids with ``allowed(doc_id)`` true (all if None); at most ``limit`` (all if None).
+        ids with ``allowed(doc_id)`` true (all if None) and, with ``mask`` (a boolean array
+        indexed by doc id, covering every doc id), only ids where it is true; at most
+        ``limit`` (all if None). ``subset``: only its documents, with its statistics.
         """
         _check_limit(limit)
-        ids, scores = self.scores(query_tokens)
+        ids, scores = self.scores(query_tokens, subset)
+        if mask is not None and len(ids):
+            keep = mask[ids]
+            ids, scores = ids[keep], scores[keep]
         return rank_candidates(ids, scores, limit=limit, allowed=allowed, tiebreak=tiebreak)
+
+
+class Subset:
+    """A subset of an :class:`InvertedIndex`'s documents with its own BM25 statistics.
+
+    Why: a memory view keeps one index over every row (its statistics are the whole
+    history's, for ``as_of`` and ``as_known_at``) and ranks plain recall over the current
+    rows only, with N, df and avgdl of the current rows (DESIGN 7). A second index of the
+    current rows would hold their postings twice; a subset shares the postings and keeps
+    only its own membership, document frequencies, N and total length. Scores of a subset's
+    documents are computed with exactly the operations an index holding only those
+    documents would use (the same idf and length-norm formulas on the same integers, terms
+    added per slot in sorted token order), so they are bit-identical to such an index's.
+
+    Members must be documents of the index; a member cannot be removed from the index
+    (remove it from the subset first). Compaction of the index renumbers the subset too.
+    """
+
+    def __init__(self, index: InvertedIndex) -> None:
+        self._index = index
+        self._in = np.zeros(_MIN_CAP, dtype=bool)  # per slot of the index
+        self._df: list[int] = []  # per token id of the index; shorter: zero beyond
+        self._n = 0
+        self._total = 0
+        self._norm: np.ndarray | None = None
+        index._subsets.append(self)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, doc_id: object) -> bool:
+        slot = self._index._doc_slot.get(doc_id)  # type: ignore[arg-type]
+        return slot is not None and self._has_slot(slot)
+
+    @property
+    def avgdl(self) -> float:
+        return self._total / self._n if self._n else 0.0
+
+    def df(self, token: str) -> int:
+        tid = self._index._vocab.get(token)
+        return 0 if tid is None or tid >= len(self._df) else self._df[tid]
+
+    def _check_owner(self, index: InvertedIndex) -> None:
+        if index is not self._index:
+            raise ValueError("a subset is scored only by the index it belongs to")
+
+    def _has_slot(self, slot: int) -> bool:
+        return slot < len(self._in) and bool(self._in[slot])
+
+    def _room(self) -> None:
+        ix = self._index
+        if len(self._in) < ix._n_slots:
+            grown = np.zeros(len(ix._alive), dtype=bool)
+            grown[: len(self._in)] = self._in
+            self._in = grown
+        if len(self._df) < len(ix._tokens):
+            self._df.extend([0] * (len(ix._tokens) - len(self._df)))
+
+    def _norms(self) -> np.ndarray:
+        if self._norm is None or len(self._norm) != self._index._n_slots:
+            ix = self._index
+            dl = ix._slot_len[: ix._n_slots]
+            avgdl = self._total / self._n
+            self._norm = ix.k1 * ((1.0 - ix.b) + ix.b * (dl / avgdl))
+        return self._norm
+
+    def add(self, doc_id: int) -> None:
+        """Make a document of the index a member (ValueError if it already is one)."""
+        ix = self._index
+        slot = ix._doc_slot[_as_doc_id(doc_id)]
+        self._room()
+        if self._in[slot]:
+            raise ValueError(f"doc_id {doc_id} is already in the subset")
+        start, cnt = int(ix._fwd_start[slot]), int(ix._fwd_count[slot])
+        df = self._df
+        for tid in ix._fwd_tok[start : start + cnt].tolist():
+            df[tid] += 1
+        self._in[slot] = True
+        self._n += 1
+        self._total += int(ix._slot_len[slot])
+        self._norm = None
+
+    def add_many(self, doc_ids: Iterable[int]) -> None:
+        """``add`` of each document, in bulk."""
+        ix = self._index
+        slots = np.fromiter((ix._doc_slot[_as_doc_id(d)] for d in doc_ids), dtype=np.int64)
+        if len(slots) == 0:
+            return
+        self._room()
+        if len(np.unique(slots)) != len(slots) or self._in[slots].any():
+            raise ValueError("a document is already in the subset (or given twice)")
+        counts = ix._fwd_count[slots].astype(np.int64)
+        starts = ix._fwd_start[slots]
+        # The forward entries of the slots, gathered: start + 0..count-1 for each slot.
+        offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        tids = ix._fwd_tok[np.repeat(starts, counts) + offsets]
+        add = np.bincount(tids, minlength=len(ix._tokens))
+        self._df = (np.asarray(self._df, dtype=np.int64) + add).tolist()
+        self._in[slots] = True
+        self._n += len(slots)
+        self._total += int(ix._slot_len[slots].sum())
+        self._norm = None
+
+    def remove(self, doc_id: int) -> None:
+        """Drop a member (KeyError if it is not one)."""
+        ix = self._index
+        slot = ix._doc_slot.get(_as_doc_id(doc_id))
+        if slot is None or not self._has_slot(slot):
+            raise KeyError(doc_id)
+        start, cnt = int(ix._fwd_start[slot]), int(ix._fwd_count[slot])
+        df = self._df
+        for tid in ix._fwd_tok[start : start + cnt].tolist():
+            df[tid] -= 1
+        self._in[slot] = False
+        self._n -= 1
+        self._total -= int(ix._slot_len[slot])
+        self._norm = None
+
+    def _renumbered(self, live_slots: np.ndarray, keep_tok: np.ndarray, cap: int) -> None:
+        """The index compacted: old slot ``live_slots[i]`` is slot i, token ``keep_tok[j]`` is j."""
+        old = self._in
+        self._in = np.zeros(cap, dtype=bool)
+        inside = live_slots[live_slots < len(old)]
+        self._in[: len(inside)] = old[inside]
+        df = np.zeros(len(keep_tok), dtype=np.int64)
+        known = keep_tok < len(self._df)
+        df[known] = np.asarray(self._df, dtype=np.int64)[keep_tok[known]]
+        self._df = df.tolist()
+        self._norm = None
+
+    def search(
+        self,
+        query_tokens: Sequence[str],
+        *,
+        limit: int | None,
+        allowed: Callable[[int], bool] | None = None,
+        tiebreak: Callable[[int], Any] | None = None,
+        mask: np.ndarray | None = None,
+    ) -> list[tuple[int, float]]:
+        """:meth:`InvertedIndex.search` over the members, with the subset's statistics."""
+        return self._index.search(query_tokens, limit=limit, allowed=allowed, tiebreak=tiebreak,
+                                  mask=mask, subset=self)

@@ -12,6 +12,8 @@ Rules (docs/memory.md, "Neighbors"):
 * **Links in both directions.** From a node, its own row's edges (``outgoing``) and the current
   rows of every readable database whose edges resolve to it (``backlink``). ``supersedes``
   edges are not links (they are what recall's ``supersedes`` / ``superseded_by`` show).
+  Backlinks come from each view's backlink index (:mod:`node.memory.backlinks`, kept up to date
+  by every row that arrives), so a call costs the links it meets, not the rows of the banks.
 * **Reach.** The agent's own database and every database of this node whose AuthSettings give
   the agent's key Read. An edge into any other database is listed under ``unreachable`` and
   never followed: that database is not read at all, so nothing about its content (not even
@@ -25,13 +27,13 @@ Nothing here writes: a neighbors call changes no database and counts no access.
 """
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from auth.permissions import holds
 from crdt.database import Database
+from node.memory.backlinks import split_target
 from node.memory.rows import SUPERSEDES, Memory
 from node.memory.timeline import Filters
 from node.registry import NameError_, UnknownName
@@ -45,8 +47,6 @@ __all__ = ["MAX_DEPTH", "MAX_NEIGHBORS", "NoSuchMemory", "Ref", "neighbors", "sp
 MAX_DEPTH = 3
 # A dense graph at depth 3 can reach most of a bank; an agent needs the nearest, not all.
 MAX_NEIGHBORS = 200
-
-_DB_ID_PREFIX = re.compile(r"sha256:[0-9a-f]{64}:")
 
 
 class NoSuchMemory(UnknownName):
@@ -66,21 +66,6 @@ class Link:
     type: str
     source: Ref  # the memory whose row holds the edge
     target: Ref
-
-
-def split_target(to: str, resolve: Callable[[str], str | None]) -> tuple[str | None, str]:
-    """``(database id or None, key)`` of an edge's ``to``; None: the edge's own bank.
-
-    ``resolve`` maps a bank reference to a database id, or None when it names no bank."""
-    match = _DB_ID_PREFIX.match(to)
-    if match and len(to) > match.end():
-        return match.group()[:-1], to[match.end():]
-    prefix, colon, rest = to.partition(":")
-    if colon and prefix and rest:
-        db = resolve(prefix)
-        if db is not None:
-            return db, rest
-    return None, to
 
 
 @dataclass
@@ -108,7 +93,7 @@ class _Graph:
             db = home.database(db_id)
             if holds(db.permission(public), "read"):
                 self._readable[db_id] = db
-        self._backlinks: dict[Ref, list[Link]] | None = None
+        self._backlinks: dict[Ref, list[Link]] = {}
 
     def name(self, db_id: str) -> str:
         if db_id not in self._names:
@@ -145,17 +130,17 @@ class _Graph:
         return out
 
     def backlinks(self, ref: Ref) -> list[Link]:
-        if self._backlinks is None:
-            # One pass over the current rows of every readable database, on the first need:
-            # a backlink may sit in any of them.
-            index: dict[Ref, list[Link]] = {}
+        """The links of current rows, in every readable database, that point at ``ref``: each
+        view's backlink index gives the rows whose edges may name the key (O(links), not
+        O(rows)); resolving their targets keeps those that name this bank's key."""
+        if ref not in self._backlinks:
+            out = []
             for db_id, db in self._readable.items():
-                for m in self._service.view(db).memories():
+                for m in self._service.view(db).linking_to(ref.key):
                     if self._keep(m):
-                        for link in self.links_of(db_id, m):
-                            index.setdefault(link.target, []).append(link)
-            self._backlinks = index
-        return self._backlinks.get(ref, [])
+                        out += [link for link in self.links_of(db_id, m) if link.target == ref]
+            self._backlinks[ref] = out
+        return self._backlinks[ref]
 
 
 def neighbors(service: MemoryService, agent: Agent, key: str, bank: str | None,

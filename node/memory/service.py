@@ -198,11 +198,12 @@ class MemoryService:
     def auto_recall(self, agent: Agent, messages: Sequence[str], session: str | None = None) -> str:
         return self.auto_recall_lines(agent, messages, session)[0]
 
-    def auto_recall_lines(self, agent: Agent, messages: Sequence[str],
-                          session: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+    def auto_recall_lines(self, agent: Agent, messages: Sequence[str], session: str | None = None,
+                          count: bool = True) -> tuple[str, list[dict[str, Any]]]:
         """The Relevant Memories block, and per line of it where it came from: the line's text
         (as in the block), the memory's key, the bank (None: the agent's own memory), the
-        database and the score that ranked it there (scores compare within one store only)."""
+        database and the score that ranked it there (scores compare within one store only).
+        ``count``: count the lines as injections (False for a preview that no model sees)."""
         state = agent_state(agent.db, memory_defaults(self.agents.home))
         if not state.config["auto_recall_enabled"]:
             return "", []
@@ -237,7 +238,8 @@ class MemoryService:
             add(target.db, target.name)
         if not lines:
             return "", []
-        self.access.record([(line["db"], line["key"]) for line in lines], "injection")
+        if count:
+            self.access.record([(line["db"], line["key"]) for line in lines], "injection")
         return "## Relevant Memories\n\n" + "\n".join(line["text"] for line in lines) + "\n", lines
 
     def _recall_banks(self, agent: Agent, state, session: str | None) -> list[str]:

@@ -25,10 +25,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-
 from typing import Any
 
+import numpy as np
+
+from .columns import NO_FROM, NO_TO, DocColumns
 from .rows import _ENTRY_ID, Memory, MemoryInputError
+
+_I64 = (-(1 << 63) + 1, (1 << 63) - 1)
+
+
+def _i64(t: int) -> int:
+    """A time as an int64 for comparing with the columns: every stored time lies well inside,
+    so clipping a caller's out-of-range time never changes a comparison."""
+    return min(max(t, _I64[0]), _I64[1])
 
 __all__ = ["Filters", "check_entry_id", "current_in", "held_at", "overlaps"]
 
@@ -59,6 +69,34 @@ class Filters:
         if self.as_of is None and self.now is not None and m.valid_to is not None and m.valid_to <= self.now:
             return False  # retired: its end date has passed
         return True
+
+    def mask(self, cols: DocColumns) -> np.ndarray | None:
+        """:meth:`keep` of every doc of the columns at once (None: every doc passes)."""
+        n = cols.n
+        out: np.ndarray | None = None
+
+        def both(m: np.ndarray) -> None:
+            nonlocal out
+            out = m if out is None else out & m
+
+        if self.category is not None:
+            cid = cols.categories.get(self.category)
+            both(np.zeros(n, dtype=bool) if cid is None else cols.category[:n] == cid)
+        if self.min_confidence is not None:
+            conf = cols.confidence[:n]
+            both((conf > 0) & (conf >= max(min(self.min_confidence, 127), -128)))
+        if self.period:
+            lo = _i64(-(1 << 62) if self.start is None else self.start)
+            hi = _i64(1 << 62 if self.end is None else self.end)
+            ts, vf, vt = cols.ts[:n], cols.valid_from[:n], cols.valid_to[:n]
+            written = (lo <= ts) & (ts <= hi)
+            valid = ((vf != NO_FROM) | (vt != NO_TO)) & (vf <= hi) & (lo < vt)
+            both(written | valid)
+        elif self.as_of is None and self.now is not None and cols.with_valid_to:
+            # Retired when valid_to <= now; a doc without valid_to holds NO_TO, above any clock
+            # once the clock is kept below it, so one comparison decides both.
+            both(cols.valid_to[:n] > min(_i64(self.now), NO_TO - 1))
+        return out
 
 
 def overlaps(m: Memory, start: int | None, end: int | None) -> bool:

@@ -16,6 +16,12 @@ Behaviour:
   rounding is verified per row (with a generous error bound); the rare row where it
   cannot be verified (or that is tiny or huge) goes through ``add``'s own ``math.fsum``.
 
+* ``search(..., mask=...)``: only the ids where a boolean array (indexed by doc id) is true,
+  applied to the candidates at once; when it allows under 40 % of the rows, only those rows are
+  multiplied (gathered a chunk at a time), which is what makes time-aware recall cheap.
+* ``add_unit(doc_id, row)``: a row exactly as :meth:`VectorIndex.vector` returned it from
+  another index (a memory view moves a row's vector when the row stops being current).
+
 Storage: a preallocated float32 matrix (rows x dim) that grows by 1.5x (a bulk load sizes
 it exactly); removal moves the last row into the hole, so the live rows are always
 ``matrix[:len(self)]`` and a query is one matrix-vector product, never a per-query stack
@@ -51,6 +57,8 @@ __all__ = ["VectorIndex"]
 _MIN_ROWS = 16
 _RESCORE_CHUNK = 8192
 _BULK_CHUNK = 256  # rows normalised per step of add_many (its temporaries stay in cache)
+_GATHER_SHARE = 0.4  # a mask allowing fewer rows than this share: multiply just those rows
+_GATHER_CHUNK = 2048  # rows gathered per step (3 MiB at 384 dimensions)
 # Row sums of squares outside [_SUM_MIN, _SUM_MAX] take the math.fsum path (subnormal
 # rounding errors are absolute, not relative; near overflow TwoSum is not exact).
 _SUM_MIN = 2.0**-900
@@ -164,6 +172,20 @@ class VectorIndex:
         if doc_id in self._row:
             raise ValueError(f"doc_id {doc_id} is already indexed")
         unit = self._unit64(vector).astype(np.float32)
+        self._put(doc_id, unit)
+
+    def add_unit(self, doc_id: int, unit: np.ndarray) -> None:
+        """Store a row exactly as :meth:`vector` returned it from an index of this ``dim``
+        (already normalised, float32): moving a row between indexes keeps its bits."""
+        doc_id = _as_doc_id(doc_id)
+        if doc_id in self._row:
+            raise ValueError(f"doc_id {doc_id} is already indexed")
+        unit = np.asarray(unit)
+        if unit.shape != (self.dim,) or unit.dtype != np.float32:
+            raise ValueError(f"expected a float32 vector of shape ({self.dim},), got {unit.dtype} {unit.shape}")
+        self._put(doc_id, unit)
+
+    def _put(self, doc_id: int, unit: np.ndarray) -> None:
         if self._n == len(self._mat):
             self._resize(max(_MIN_ROWS, len(self._mat) + len(self._mat) // 2))
         r = self._n
@@ -257,16 +279,37 @@ class VectorIndex:
         limit: int | None,
         allowed: Callable[[int], bool] | None = None,
         tiebreak: Callable[[int], Any] | None = None,
+        mask: np.ndarray | None = None,
     ) -> list[tuple[int, float]]:
         """Best-first ``(doc_id, cosine)`` with cosine > 0, at most ``limit`` (all if
-        None), only ids with ``allowed(doc_id)`` true, ties by ``tiebreak(doc_id)``."""
+        None), only ids with ``allowed(doc_id)`` true and, with ``mask`` (a boolean array
+        indexed by doc id, covering every stored id), only ids where it is true; ties by
+        ``tiebreak(doc_id)``."""
         _check_limit(limit)
         q64 = self._unit64(query_vec)
         if self._n == 0 or limit == 0 or not q64.any():
             return []
-        approx = self._mat[: self._n] @ q64.astype(np.float32)
+        q32 = q64.astype(np.float32)
         tol = self._tol
-        cand = np.flatnonzero(approx > -tol)
+        if mask is None:
+            approx = self._mat[: self._n] @ q32
+            cand = np.flatnonzero(approx > -tol)
+            ca = approx[cand]
+        else:
+            allowed_rows = mask[self._ids[: self._n]]
+            if np.count_nonzero(allowed_rows) < _GATHER_SHARE * self._n:
+                # A selective mask: multiply the allowed rows only, gathered a cache-sized
+                # chunk at a time (measured: about 2.2 x the share of a full product's time).
+                rows = np.flatnonzero(allowed_rows)
+                approx = np.empty(len(rows), dtype=np.float32)
+                for a in range(0, len(rows), _GATHER_CHUNK):
+                    np.matmul(self._mat[rows[a : a + _GATHER_CHUNK]], q32, out=approx[a : a + _GATHER_CHUNK])
+                keep = approx > -tol
+                cand, ca = rows[keep], approx[keep]
+            else:
+                approx = self._mat[: self._n] @ q32
+                cand = np.flatnonzero((approx > -tol) & allowed_rows)
+                ca = approx[cand]
         if len(cand) == 0:
             return []
         if limit is not None and allowed is not None:
@@ -285,7 +328,6 @@ class VectorIndex:
                 rows = cand
                 floor = None
             else:
-                ca = approx[cand]
                 t = float(np.partition(ca, len(ca) - m)[len(ca) - m])
                 rows = cand[ca >= t - 2 * tol]
                 floor = t - tol

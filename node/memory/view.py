@@ -14,32 +14,52 @@ Candidates
 
 Ranking (DESIGN 7, exactly)
     * Document text ``key + " " + value + " " + " ".join(tags)``, tokens as in
-      :mod:`node.memory.tokens`; BM25 (k1=1.5, b=0.75) over the *current* rows only: a
-      superseded row is removed from the inverted index, so N, df and avgdl describe current
-      rows. Rows matching no query token are not in the lexical list.
+      :mod:`node.memory.tokens`; BM25 (k1=1.5, b=0.75) over the *current* rows only: N, df and
+      avgdl describe current rows. Rows matching no query token are not in the lexical list.
     * Tags are an AND filter compared case-insensitively (``str.casefold``): a row passes when
       every requested tag is among its tags.
     * A query with no tokens (empty, or only one-character/punctuation words) returns current
       memories by recency: T order, newest first. The tag filter still applies.
     * Hybrid: when a query vector is given and the active embeddings store holds vectors of the
       query's length, the cosine list (non-positive dropped, :class:`VectorIndex`) and the BM25
-      list, each taken to depth ``max(limit, 100)`` after the tag filter, are fused by
-      Reciprocal Rank Fusion with k=60 and cut to ``limit``. Rows without a vector appear only
-      in the BM25 list; rows with a vector but no matching token only in the cosine list.
-      Without a usable query vector (none given, no active store, no vector of that length) the
-      ranking is plain BM25; that fallback never errors.
+      list, each taken to depth ``max(limit, 100)`` after the filters, are fused by Reciprocal
+      Rank Fusion with k=60 and cut to ``limit``. Rows without a vector appear only in the BM25
+      list; rows with a vector but no matching token only in the cosine list. Without a usable
+      query vector (none given, no active store, no vector of that length) the ranking is plain
+      BM25; that fallback never errors.
     * Ties (bitwise-equal scores) are broken by T order, newest first
       (:func:`node.memory.rows.order_desc_key`), never by the local doc id, so every replica
       holding the same entries returns the same list.
 
+One set of docs, several indexes (``_Index``)
+    Every well-formed memory row is a *doc* (a local int, never leaving this module), current
+    or not, kept until the next rebuild. Over them:
+
+    * one BM25 index of every doc (:class:`InvertedIndex`; its statistics are the whole
+      history's, used by ``as_of``, ``as_known_at`` and ``include_superseded``), and a
+      :class:`Subset` of it, the current docs, with the current rows' own statistics (plain
+      recall): the postings are held once;
+    * vectors in two blocks per vector length: the current docs' (``vectors``, what plain recall
+      multiplies) and the other docs' (``old_vectors``); a row that stops being current moves its
+      vector rows across, bit for bit. Time-aware recall searches both blocks and merges them;
+    * per-doc columns (:mod:`node.memory.columns`): filters are boolean masks computed in one
+      vectorised pass (:meth:`Filters.mask`) and handed to BM25 and the cosine, not a Python call
+      per candidate;
+    * the timelines of all keys as flat arrays (:mod:`node.memory.timetable`): ``as_of`` and
+      ``as_known_at`` are vectorised group maxima over them;
+    * the backlink index (:mod:`node.memory.backlinks`): the current rows by the keys their
+      links may name, for ``neighbors``.
+
+    Each is updated by the rows that arrive; nothing is dropped on a write.
+
 Vectors
-    For each current row and each vector length, the newest embedding row (T order) that
-    points at it is indexed; one :class:`VectorIndex` per length, so a peer's vector of the
-    wrong length can neither break recall nor displace a good vector. Pass ``dim`` to keep only
-    vectors of that length (then :meth:`MemoryView.missing_vectors` also treats a row whose
-    only vector has another length as missing). A vector whose memory row has not been seen
-    yet is kept aside until the row arrives (an entry's embedding rows are announced before
-    its memory rows); a vector of a superseded or malformed row is dropped.
+    For each row and each vector length, the newest embedding row (T order) that points at it
+    is indexed, so a peer's vector of the wrong length can neither break recall nor displace a
+    good vector. Pass ``dim`` to keep only vectors of that length (then
+    :meth:`MemoryView.missing_vectors` also treats a row whose only vector has another length as
+    missing). A vector whose memory row has not been seen yet is kept aside until the row
+    arrives (an entry's embedding rows are announced before its memory rows); a vector of a
+    malformed row is dropped.
 
 Events
     ``RowsAdded`` for ``memory`` and for the active embeddings store update the view in
@@ -48,38 +68,38 @@ Events
     inside the listener is logged and also leads to a rebuild; it never reaches the database.
 
 Rebuild (on construction, e.g. the first recall after opening a node, and after ``Rebuilt``)
-    In bulk: the current rows are collected first, then loaded with one
-    :meth:`InvertedIndex.add_many` and one :meth:`VectorIndex.add_many` per vector length,
-    with the cyclic GC paused. It gives the same recall results, bit for bit, as a view fed
-    the same rows one by one (tested).
+    In bulk: every row is read once, docs numbered in T order, then one
+    :meth:`InvertedIndex.add_many`, one :meth:`Subset.add_many` and one
+    :meth:`VectorIndex.add_many` per block and vector length, with the cyclic GC paused. It
+    gives the same recall results, bit for bit, as a view fed the same rows one by one (tested).
 
 As known at an entry (``Filters.as_known_at``, node.memory.timeline)
-    The rows in the causal past of the entry (it and its ancestors, ``Database.precedes``)
-    are taken as the whole store: per key, the current row among them (or, with ``as_of``, the
-    row that held then among them; with ``include_superseded``, every one of them) are the
-    candidates, ranked over the whole history's index as ``as_of`` is; ``relations`` answer
-    within that past too. The past of an entry is cached until the database changes.
+    The rows in the causal past of the entry (it and its ancestors) are taken as the whole
+    store. Each doc keeps its entry's author and feed position, so the past is one comparison
+    with the entry's version vector (``Database.past_vector``) over all docs; per key, the
+    current row among them (or, with ``as_of``, the row that held then among them; with
+    ``include_superseded``, every one of them) are the candidates, ranked over the whole
+    history's index as ``as_of`` is; ``relations`` answer within that past too. The masks of an
+    entry's past are kept for the few entries last asked about, until the next row arrives.
 
-``include_superseded=True`` (a rare operator option) scans: it builds a temporary index over
-every well-formed row, cached until the next change of the database.
-
-Doc ids are local ints and never leave this module. Not thread-safe: the caller serialises
-access to the view and to its database.
+Not thread-safe: the caller serialises access to the view and to its database.
 """
 from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from crdt.database import Database, Rebuilt, RowRecord, RowsAdded
 
-from .bm25 import InvertedIndex, _release_freed_memory
+from .backlinks import Backlinks
+from .bm25 import InvertedIndex, Subset, _release_freed_memory
+from .columns import DocColumns
 from .fusion import RRF_K, rank_candidates, rrf
 from .rows import (
     MEMORY_STORE,
@@ -92,7 +112,8 @@ from .rows import (
     parse_embeddings,
     parse_memory,
 )
-from .timeline import Filters, current_in, held_at
+from .timeline import Filters, current_in
+from .timetable import TimeTable
 from .tokens import document_text, tokenize
 from .vectors import VectorIndex
 
@@ -108,12 +129,7 @@ Order = tuple[int, str, int]
 _EMPTY: frozenset[int] = frozenset()
 _NEVER: Order = (-1, "", -1)  # before every row in T order
 _NO_FILTERS = Filters()
-
-
-def _order_of(m: Memory) -> Order:
-    return m.order
-
-_PAST_CACHE = 4  # pasts kept: each holds a reference per row of the past, so only a few
+_PAST_CACHE = 8  # pasts kept: two boolean arrays each (over docs, over timeline items)
 
 
 @contextmanager
@@ -130,68 +146,43 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-@dataclass
-class _Past:
-    """The memory rows in the causal past of one entry, taken as the whole store."""
-
-    rows: list[Memory]  # every well-formed row of the past (superseded ones too)
-    timelines: dict[str, list[Memory]]  # key -> its rows and tombstones in the past, newest first
-    current: dict[str, Memory] = field(default_factory=dict)  # key -> its current row in the past
-
-    def held_at(self, t: int) -> list[Memory]:
-        out = []
-        for key, timeline in self.timelines.items():
-            m = held_at(key, timeline, t)
-            if m is not None:
-                out.append(m)
-        return out
+def _tokens(m: Memory) -> list[str]:
+    return tokenize(document_text(m.key, m.value, m.tags))
 
 
 class _Index:
-    """Lexical and vector indexes over a set of memories keyed by local doc ids."""
+    """Every well-formed row of a view (its docs) and the indexes over them (module docstring)."""
 
     def __init__(self) -> None:
-        self.bm25 = InvertedIndex()
-        self.mem: dict[int, Memory] = {}
+        self.mem: list[Memory] = []  # doc -> its memory
         self.row_doc: dict[str, int] = {}
-        self.tiebreak: list[tuple[int, int, int] | None] = []  # doc -> order_desc_key
+        self.tiebreak: list[tuple[int, int, int]] = []  # doc -> order_desc_key
         self.tag_docs: dict[str, set[int]] = {}  # casefolded tag -> docs carrying it
-        self.alive = np.zeros(64, dtype=bool)
-        self.height = np.zeros(64, dtype=np.float64)
-        self.n = 0
-        self.vectors: dict[int, VectorIndex] = {}  # vector length -> index
+        self.cols = DocColumns()
+        self.all_bm25 = InvertedIndex()  # every doc: whole-history statistics
+        self.bm25 = Subset(self.all_bm25)  # the current docs, with their own statistics
+        self.vectors: dict[int, VectorIndex] = {}  # vector length -> the current docs' vectors
+        self.old_vectors: dict[int, VectorIndex] = {}  # vector length -> the other docs' vectors
         self.vec_order: dict[tuple[int, int], Order] = {}  # (doc, length) -> order of its row
+        self.links = Backlinks()
 
-    def _reserve(self, need: int) -> None:
-        if need > len(self.alive):
-            alive = np.zeros(need, dtype=bool)
-            alive[: self.n] = self.alive[: self.n]
-            height = np.zeros(need, dtype=np.float64)
-            height[: self.n] = self.height[: self.n]
-            self.alive, self.height = alive, height
-
-    def insert(self, m: Memory) -> int:
-        doc = self.n
-        if doc == len(self.alive):
-            self._reserve(doc + 1 + doc // 2)
-        self.n = doc + 1
-        self.mem[doc] = m
+    # ------------------------------------------------------------------ docs
+    def add(self, m: Memory, seq: int) -> int:
+        doc = self.cols.append(m, seq)
+        self.mem.append(m)
         self.row_doc[m.row_key] = doc
         self.tiebreak.append(order_desc_key(m.order))
         for tag in {t.casefold() for t in m.tags}:
             self.tag_docs.setdefault(tag, set()).add(doc)
-        self.alive[doc] = True
-        self.height[doc] = m.order[0]
-        self.bm25.add(doc, tokenize(document_text(m.key, m.value, m.tags)))
+        self.all_bm25.add(doc, _tokens(m))
         return doc
 
-    def insert_many(self, mems: Sequence[Memory]) -> None:
-        """``insert`` of each memory in turn (docs n, n + 1, ...), in bulk."""
-        first, count = self.n, len(mems)
-        docs = range(first, first + count)
-        self._reserve(first + count)
-        self.n = first + count
-        self.mem.update(zip(docs, mems))
+    def add_many(self, mems: Sequence[Memory], seqs: Sequence[int]) -> None:
+        """``add`` of each memory in turn (docs n, n + 1, ...), in bulk."""
+        first = self.cols.n
+        docs = range(first, first + len(mems))
+        self.cols.extend(mems, seqs)
+        self.mem.extend(mems)
         self.row_doc.update(zip((m.row_key for m in mems), docs))
         self.tiebreak.extend(order_desc_key(m.order) for m in mems)
         tag_docs = self.tag_docs
@@ -202,39 +193,57 @@ class _Index:
                     tag_docs[tag] = {doc}
                 else:
                     docs_of.add(doc)
-        self.alive[first : first + count] = True
-        self.height[first : first + count] = [m.order[0] for m in mems]
-        self.bm25.add_many((doc, tokenize(document_text(m.key, m.value, m.tags))) for doc, m in zip(docs, mems))
+        self.all_bm25.add_many((doc, _tokens(m)) for doc, m in zip(docs, mems))
 
+    def make_current(self, doc: int) -> None:
+        """A doc is current from its arrival or never (until a rebuild), so it has no vectors
+        yet: they are indexed after this, into the current block."""
+        self.cols.current[doc] = True
+        self.bm25.add(doc)
+        self.links.add(doc, self.mem[doc])
+
+    def make_current_many(self, docs: Sequence[int]) -> None:
+        """``make_current`` of docs that have no vectors yet, in bulk."""
+        self.cols.current[list(docs)] = True
+        self.bm25.add_many(docs)
+        for doc in docs:
+            self.links.add(doc, self.mem[doc])
+
+    def retire(self, doc: int) -> None:
+        """The doc is no longer current: its vectors move to the other block."""
+        self.cols.current[doc] = False
+        self.bm25.remove(doc)
+        self.links.remove(doc, self.mem[doc])
+        for dim, index in self.vectors.items():
+            if (doc, dim) in self.vec_order:
+                self._move(doc, index, self._block(self.old_vectors, dim))
+
+    @staticmethod
+    def _move(doc: int, source: VectorIndex, target: VectorIndex) -> None:
+        unit = source.vector(doc)
+        source.remove(doc)
+        target.add_unit(doc, unit)
+
+    @staticmethod
+    def _block(blocks: dict[int, VectorIndex], dim: int) -> VectorIndex:
+        index = blocks.get(dim)
+        if index is None:
+            index = blocks[dim] = VectorIndex(dim)
+        return index
+
+    # ------------------------------------------------------------------ vectors
     def index_vectors(self, best: dict[tuple[int, int], tuple[Order, np.ndarray]]) -> None:
         """``index_vector`` of each ``(doc, length) -> (order, vec)`` (at most one vector per
-        doc and length, none indexed yet), one bulk load per length."""
-        by_dim: dict[int, tuple[list[int], list[np.ndarray]]] = {}
+        doc and length, none indexed yet), one bulk load per block and length."""
+        current = self.cols.current
+        by_block: dict[tuple[bool, int], tuple[list[int], list[np.ndarray]]] = {}
         for (doc, dim), (order, vec) in best.items():
-            docs, vecs = by_dim.setdefault(dim, ([], []))
+            docs, vecs = by_block.setdefault((bool(current[doc]), dim), ([], []))
             docs.append(doc)
             vecs.append(vec)
             self.vec_order[(doc, dim)] = order
-        for dim, (docs, vecs) in by_dim.items():
-            index = self.vectors.get(dim)
-            if index is None:
-                index = self.vectors[dim] = VectorIndex(dim)
-            index.add_many(docs, vecs)
-
-    def retire(self, doc: int) -> None:
-        m = self.mem.pop(doc)
-        del self.row_doc[m.row_key]
-        self.bm25.remove(doc)
-        self.alive[doc] = False
-        self.tiebreak[doc] = None
-        for tag in {t.casefold() for t in m.tags}:
-            docs = self.tag_docs[tag]
-            docs.discard(doc)
-            if not docs:
-                del self.tag_docs[tag]
-        for dim, index in self.vectors.items():
-            if self.vec_order.pop((doc, dim), None) is not None:
-                index.remove(doc)
+        for (is_current, dim), (docs, vecs) in sorted(by_block.items()):
+            self._block(self.vectors if is_current else self.old_vectors, dim).add_many(docs, vecs)
 
     def index_vector(self, doc: int, order: Order, vec: np.ndarray) -> None:
         """Index ``vec`` for ``doc`` unless a newer vector of that length is indexed."""
@@ -242,9 +251,7 @@ class _Index:
         prev = self.vec_order.get((doc, dim))
         if prev is not None and prev >= order:
             return
-        index = self.vectors.get(dim)
-        if index is None:
-            index = self.vectors[dim] = VectorIndex(dim)
+        index = self._block(self.vectors if self.cols.current[doc] else self.old_vectors, dim)
         if prev is not None:
             index.remove(doc)
         index.add(doc, vec)
@@ -255,42 +262,46 @@ class _Index:
             return (doc, dim) in self.vec_order
         return any(doc in index for index in self.vectors.values())
 
-    def rank(self, tokens: list[str], need: frozenset[str], limit: int,
-             query_vector: np.ndarray | None,
-             keep: Callable[[Memory], bool] | None = None) -> list[tuple[Memory, float]]:
-        """``keep``: a further filter on the memory (category, time), applied like the tags."""
-        tiebreak = self.tiebreak.__getitem__
-        allowed = None
+    # ------------------------------------------------------------------ ranking
+    def rank(self, tokens: list[str], need: frozenset[str], limit: int, query_vector: np.ndarray | None,
+             history: bool, mask: np.ndarray | None) -> list[tuple[Memory, float]]:
+        """``history``: rank among every doc with the whole history's statistics (else among
+        the current docs with theirs); ``mask``: only the docs where it is true."""
+        n = self.cols.n
         if need:
             # AND filter: the docs carrying every requested tag (smallest set first).
             sets = sorted((self.tag_docs.get(t, _EMPTY) for t in need), key=len)
             permitted = sets[0] if len(sets) == 1 else sets[0].intersection(*sets[1:])
             if not permitted:
                 return []
-            allowed = permitted.__contains__
-        selective = allowed is not None and 4 * len(permitted) < len(self.mem)
-        if keep is not None:
-            mem_of, tag_ok = self.mem.get, allowed
-
-            def allowed(doc: int) -> bool:
-                m = mem_of(doc)
-                return m is not None and (tag_ok is None or tag_ok(doc)) and keep(m)
+            tagged = np.zeros(n, dtype=bool)
+            tagged[np.fromiter(permitted, dtype=np.int64, count=len(permitted))] = True
+            mask = tagged if mask is None else mask & tagged
+        tiebreak = self.tiebreak.__getitem__
         if not tokens:
-            if selective:
-                # A selective filter: rank just the permitted docs (all of them current).
-                ids = np.fromiter(permitted, dtype=np.int64, count=len(permitted))
-                allowed = None if keep is None else allowed
-            else:
-                ids = np.flatnonzero(self.alive[: self.n])
-            hits = rank_candidates(ids, self.height[ids], limit=limit, allowed=allowed, tiebreak=tiebreak)
+            if not history:
+                mask = self.cols.current[:n] if mask is None else mask & self.cols.current[:n]
+            ids = np.arange(n, dtype=np.int64) if mask is None else np.flatnonzero(mask)
+            hits = rank_candidates(ids, self.cols.height[ids], limit=limit, tiebreak=tiebreak)
         else:
-            vindex = None if query_vector is None else self.vectors.get(len(query_vector))
-            if vindex is None or len(vindex) == 0:
-                hits = self.bm25.search(tokens, limit=limit, allowed=allowed, tiebreak=tiebreak)
+            lexical_index: InvertedIndex | Subset = self.all_bm25 if history else self.bm25
+            blocks = [] if query_vector is None else [
+                b for b in (self.vectors.get(len(query_vector)),
+                            self.old_vectors.get(len(query_vector)) if history else None)
+                if b is not None and len(b)]
+            if not blocks:
+                hits = lexical_index.search(tokens, limit=limit, tiebreak=tiebreak, mask=mask)
             else:
                 depth = max(limit, RRF_DEPTH)
-                lexical = self.bm25.search(tokens, limit=depth, allowed=allowed, tiebreak=tiebreak)
-                semantic = vindex.search(query_vector, limit=depth, allowed=allowed, tiebreak=tiebreak)
+                lexical = lexical_index.search(tokens, limit=depth, tiebreak=tiebreak, mask=mask)
+                semantic = blocks[0].search(query_vector, limit=depth, tiebreak=tiebreak, mask=mask)
+                if len(blocks) > 1:
+                    # Each block's best, then the best of both: the same list as one block of
+                    # all rows (scores are exact float64, whatever block a row is in).
+                    more = blocks[1].search(query_vector, limit=depth, tiebreak=tiebreak, mask=mask)
+                    both = semantic + more
+                    semantic = rank_candidates([d for d, _ in both], [s for _, s in both], limit=depth,
+                                               tiebreak=tiebreak)
                 if semantic:
                     hits = rrf([[d for d, _ in lexical], [d for d, _ in semantic]], RRF_K,
                                limit=limit, tiebreak=tiebreak)
@@ -298,6 +309,26 @@ class _Index:
                     hits = lexical[:limit]
         mem = self.mem
         return [(mem[d], float(score)) for d, score in hits]
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes of the numpy arrays, by part (Python objects not counted)."""
+        return {"bm25": self.all_bm25.nbytes(), "columns": self.cols.nbytes(),
+                "vectors": sum(ix.capacity * ix.dim * 4 for ix in self.vectors.values()),
+                "old_vectors": sum(ix.capacity * ix.dim * 4 for ix in self.old_vectors.values())}
+
+
+@dataclass
+class _Past:
+    """The causal past of one entry: which docs (and timeline items) it holds."""
+
+    entry_id: str
+    vv: dict[str, int]  # author -> highest seq in the past (the entry included)
+    version: int  # the view's version it was computed at
+    docs: np.ndarray  # boolean over docs
+    items: np.ndarray | None = None  # boolean over timeline items, on first need
+
+    def knows(self, m: Memory, seq: int) -> bool:
+        return self.vv.get(m.author, -1) >= seq
 
 
 class MemoryView:
@@ -308,7 +339,6 @@ class MemoryView:
         self._store = _check_store(embedding_store)
         self._dim = _check_dim(dim)
         self._stale = True
-        self._all: _Index | None = None  # include_superseded scan, cached until the next change
         self._reset()
         db.subscribe(self._on_event)
         self._rebuild()
@@ -330,7 +360,6 @@ class MemoryView:
         """Switch the active model: rebuild the vector index from ``store`` (None: no vectors)."""
         self._store = _check_store(store)
         self._dim = _check_dim(dim)
-        self._all = None
         if not self._stale:
             self._load_vectors()
             _release_freed_memory()
@@ -365,21 +394,27 @@ class MemoryView:
                         len(qv), self._store, self._dim)
             qv = None
         tokens = tokenize(query)
-        keep = None
         past = None if filters is None or filters.as_known_at is None else self.past(filters.as_known_at)
+        ix = self._current_index()
+        mask = None
+        history = include_superseded
         if filters is not None and (filters.as_of is not None or past is not None):
+            history = True
             if filters.as_of is not None:
-                chosen = self.held_at(filters.as_of) if past is None else past.held_at(filters.as_of)
+                docs = self._times.held(filters.as_of, None if past is None else self._past_items(past))
+            elif include_superseded:
+                docs = None
+                mask = past.docs.copy()  # type: ignore[union-attr]
             else:
-                chosen = past.rows if include_superseded else past.current.values()
-            index = self._scan()
-            held = {m.row_key for m in chosen}
-            keep = lambda m: m.row_key in held and filters.keep(m)  # noqa: E731
-        else:
-            index = self._scan() if include_superseded else self._current_index()
-            if filters is not None and filters != _NO_FILTERS:
-                keep = filters.keep
-        hits = index.rank(tokens, need, int(limit), qv, keep)
+                docs = self._times.current(self._past_items(past))  # type: ignore[arg-type]
+            if docs is not None:
+                mask = np.zeros(ix.cols.n, dtype=bool)
+                mask[docs] = True
+        if filters is not None and filters != _NO_FILTERS:
+            kept = filters.mask(ix.cols)
+            if kept is not None:
+                mask = kept if mask is None else mask & kept
+        hits = ix.rank(tokens, need, int(limit), qv, history, mask)
         return hits if with_scores else [m for m, _score in hits]
 
     def current(self, key: str) -> Memory | None:
@@ -396,54 +431,29 @@ class MemoryView:
 
     def held_at(self, t: int) -> list[Memory]:
         """Per key, the row that held at world time ``t`` (node.memory.timeline.held_at)."""
-        self._current_index()
-        out = []
-        for key in self._history:
-            m = held_at(key, self.timeline(key), t)
-            if m is not None:
-                out.append(m)
-        return out
+        ix = self._current_index()
+        return [ix.mem[d] for d in np.sort(self._times.held(t)).tolist()]
 
     def past(self, entry_id: str) -> _Past:
         """The store as the causal past of ``entry_id`` (an entry of this database) knew it;
         MemoryInputError if the database holds no such entry."""
-        if not isinstance(entry_id, str) or self._db.entry(entry_id) is None:
+        vv = self._db.past_vector(entry_id) if isinstance(entry_id, str) else None
+        if vv is None:
             raise MemoryInputError(f"as_known_at: this bank holds no entry {entry_id!r} "
                                    "(an entry id of this bank, as recall and remember return it)")
-        index = self._scan()  # the past is cached with the scan: both last until the next change
-        if self._pasts[0] is not index:
-            self._pasts = (index, {})
-        cached = self._pasts[1].get(entry_id)
-        if cached is not None:
-            return cached
-        db = self._db
-        # One causal check per entry, not per row (an entry often carries many rows).
-        known = {i: i == entry_id or db.precedes(i, entry_id)
-                 for rows_ in self._history.values() for i in {m.entry_id for m in rows_}}
-        rows: list[Memory] = []
-        timelines: dict[str, list[Memory]] = {}
-        current: dict[str, Memory] = {}
-        tombs = self._tombs
-        order = _order_of
-        with _gc_paused():
-            # A key with tombstones only never held anything in this past: only keys with rows.
-            for key, history in self._history.items():
-                mine = [m for m in history if known[m.entry_id]]
-                if not mine:
-                    continue
-                rows += mine
-                timeline = mine + [m for m in tombs[key] if known.get(m.entry_id, False)] if key in tombs else mine
-                if len(timeline) > 1:
-                    timeline.sort(key=order, reverse=True)
-                timelines[key] = timeline
-                cur = current_in(key, timeline)
-                if cur is not None:
-                    current[key] = cur
-        past = _Past(rows, timelines, current)
-        if len(self._pasts[1]) >= _PAST_CACHE:
-            self._pasts[1].pop(next(iter(self._pasts[1])))
-        self._pasts[1][entry_id] = past
-        return past
+        ix = self._current_index()
+        cached = self._pasts.pop(entry_id, None)
+        if cached is None or cached.version != self._version:
+            cols = ix.cols
+            bound = np.full(len(cols.authors), -1, dtype=np.int64)
+            for author, i in cols.authors.items():
+                bound[i] = vv.get(author, -1)
+            n = cols.n
+            cached = _Past(entry_id, vv, self._version, cols.seq[:n] <= bound[cols.author[:n]])
+        self._pasts[entry_id] = cached  # most recently used last
+        while len(self._pasts) > _PAST_CACHE:
+            self._pasts.pop(next(iter(self._pasts)))
+        return cached
 
     def relations(self, m: Memory, as_known_at: str | None = None) -> dict[str, Any]:
         """``superseded_by`` (the next row of m's timeline, when m is not current) and
@@ -451,11 +461,15 @@ class MemoryView:
         past), as result fields; empty when there are none. With ``as_known_at``: within the
         causal past of that entry."""
         out: dict[str, Any] = {}
+        timeline = self.timeline(m.key)
         if as_known_at is None:
-            timeline, current = self.timeline(m.key), self.current(m.key)
+            current = self.current(m.key)
         else:
             past = self.past(as_known_at)
-            timeline, current = past.timelines.get(m.key, []), past.current.get(m.key)
+            timeline = [r for r in timeline if past.knows(r, self._seq(r.entry_id))]
+            if not any(r.key == m.key for r in timeline):
+                timeline = []  # a key with no row in the past has no timeline there
+            current = current_in(m.key, timeline)
         if current != m:
             newer = [r for r in timeline if r.order > m.order]
             if newer:
@@ -471,17 +485,24 @@ class MemoryView:
             out["conflicts"] = conflicts
         return out
 
+    def linking_to(self, key: str) -> list[Memory]:
+        """Current memories with a link (an edge other than ``supersedes``) that may name
+        ``key``: its ``to`` is ``key`` or ends in ``:key``; the caller resolves the bank."""
+        ix = self._current_index()
+        return [ix.mem[d] for d in sorted(ix.links.docs(key))]
+
     def memories(self, *, include_superseded: bool = False) -> list[Memory]:
         """Current memories (every well-formed row with include_superseded), newest first."""
-        index = self._scan() if include_superseded else self._current_index()
-        return sorted(index.mem.values(), key=lambda m: m.order, reverse=True)
+        ix = self._current_index()
+        mems = ix.mem if include_superseded else [ix.mem[d] for d in self._current.values()]
+        return sorted(mems, key=lambda m: m.order, reverse=True)
 
     def missing_vectors(self) -> list[Memory]:
         """Current memories with no vector in the active embeddings store, newest first."""
-        index = self._current_index()
-        if self._store is None:
-            return sorted(index.mem.values(), key=lambda m: m.order, reverse=True)
-        out = [m for doc, m in index.mem.items() if not index.has_vector(doc, self._dim)]
+        ix = self._current_index()
+        docs = self._current.values()
+        out = [ix.mem[d] for d in docs] if self._store is None else [
+            ix.mem[d] for d in docs if not ix.has_vector(d, self._dim)]
         out.sort(key=lambda m: m.order, reverse=True)
         return out
 
@@ -489,20 +510,48 @@ class MemoryView:
         """Whether some current memory has a vector in the active embeddings store."""
         return any(len(v) for v in self._current_index().vectors.values())
 
+    def sizes(self) -> dict[str, int]:
+        """Rows, current memories, timeline items and bytes of the arrays (for benchmarks)."""
+        ix = self._current_index()
+        return {"rows": ix.cols.n, "current": len(self._current), "timeline_items": len(self._times),
+                **{f"{k}_bytes": v for k, v in ix.nbytes().items()}, "timeline_bytes": self._times.nbytes()}
+
     def __len__(self) -> int:
-        return len(self._current_index().mem)
+        self._current_index()
+        return len(self._current)
 
     # ---------------------------------------------------------------------------- state
     def _reset(self) -> None:
         self._ix = _Index()
+        self._times = TimeTable(self._ix.cols, self._order_of)
         self._current: dict[str, int] = {}  # memory key -> doc of its current row
         self._history: dict[str, list[Memory]] = {}  # memory key -> every well-formed row of it
         self._tombs: dict[str, list[Memory]] = {}  # key -> rows of other keys superseding it
         self._newest: dict[str, Memory] = {}  # key -> its newest row (current unless retired)
         self._retired: dict[str, Order] = {}  # key -> T order of the newest tombstone naming it
+        self._key_ids: dict[str, int] = {}  # key -> its group in the timeline table
         self._seen: set[str] = set()  # row keys of every memory row seen (malformed ones too)
         self._pending: dict[str, dict[int, tuple[Order, np.ndarray]]] = {}  # row -> length -> vec
-        self._pasts: tuple[_Index | None, dict[str, _Past]] = (None, {})  # the scan they belong to
+        self._pasts: dict[str, _Past] = {}
+        self._version = 0  # counts docs added: a cached past is valid for one version
+
+    def _order_of(self, doc: int) -> Order:
+        return self._ix.mem[doc].order
+
+    def _seq(self, entry_id: str) -> int:
+        entry = self._db.entry(entry_id)
+        return -1 if entry is None else entry.seq
+
+    def _key_id(self, key: str) -> int:
+        kid = self._key_ids.get(key)
+        if kid is None:
+            kid = self._key_ids[key] = len(self._key_ids)
+        return kid
+
+    def _past_items(self, past: _Past) -> np.ndarray:
+        if past.items is None:
+            past.items = self._times.known(past.docs)
+        return past.items
 
     def _current_index(self) -> _Index:
         if self._stale:
@@ -510,28 +559,44 @@ class MemoryView:
         return self._ix
 
     def _rebuild(self) -> None:
-        # Bulk: collect the current rows first, then one bulk load per index. The result is
-        # the state that feeding the rows one by one would give (tested).
+        # Bulk: read every row once, docs in T order, then one bulk load per index. The result
+        # is the state that feeding the rows one by one would give (tested).
         self._stale = True
-        self._all = None
         self._reset()
         with _gc_paused():
-            newest = self._newest
+            mems: list[Memory] = []
             seen = self._seen
-            for rec in self._db.rows(MEMORY_STORE):
+            for rec in self._db.rows(MEMORY_STORE):  # in T order
                 seen.add(rec.key)
                 m = parse_memory(rec)
                 if m is not None:
-                    self._note(m)
-                    cur = newest.get(m.key)
-                    if cur is None or m.order > cur.order:
-                        newest[m.key] = m
+                    mems.append(m)
+            seq_of: dict[str, int] = {}
+            seqs = [seq_of[m.entry_id] if m.entry_id in seq_of else seq_of.setdefault(m.entry_id, self._seq(m.entry_id))
+                    for m in mems]
+            ix = self._ix
+            ix.add_many(mems, seqs)
+            keys: list[int] = []
+            item_docs: list[int] = []
+            tombs: list[bool] = []
+            newest = self._newest
+            for doc, m in enumerate(mems):
+                for target in self._note(m):
+                    keys.append(self._key_id(target))
+                    item_docs.append(doc)
+                    tombs.append(True)
+                keys.append(self._key_id(m.key))
+                item_docs.append(doc)
+                tombs.append(False)
+                newest[m.key] = m  # rows come in T order: the last one is the newest
+            self._times.load(np.array(keys, dtype=np.int64), np.array(item_docs, dtype=np.int64),
+                             np.array(tombs, dtype=bool))
             retired = self._retired
-            current = sorted((m for m in newest.values() if retired.get(m.key, _NEVER) < m.order),
-                             key=lambda m: m.order)
-            first = self._ix.n
-            self._ix.insert_many(current)
-            self._current = {m.key: doc for doc, m in enumerate(current, first)}
+            current = sorted(ix.row_doc[m.row_key] for m in newest.values()
+                             if retired.get(m.key, _NEVER) < m.order)
+            ix.make_current_many(current)
+            self._current = {mems[d].key: d for d in current}
+            self._version += 1
             self._load_vectors()
         self._stale = False
         _release_freed_memory()
@@ -539,6 +604,7 @@ class MemoryView:
     def _load_vectors(self) -> None:
         ix = self._ix
         ix.vectors = {}
+        ix.old_vectors = {}
         ix.vec_order = {}
         self._pending = {}
         if self._store is None:
@@ -572,20 +638,16 @@ class MemoryView:
         try:
             if isinstance(event, Rebuilt):
                 self._stale = True
-                self._all = None
             elif isinstance(event, RowsAdded):
                 if event.store == MEMORY_STORE:
-                    self._all = None
                     for rec in event.rows:
                         self._add_memory(rec)
                 elif event.store == self._store:
-                    self._all = None
                     for rec in event.rows:
                         self._add_vector(rec)
         except Exception:  # noqa: BLE001 - a bug here must not fail the database's write
             log.exception("memory view of %s failed to apply an update; it will be rebuilt", self._db.id)
             self._stale = True
-            self._all = None
 
     def _add_memory(self, rec: RowRecord) -> None:
         if rec.key in self._seen:
@@ -595,24 +657,29 @@ class MemoryView:
         m = parse_memory(rec)
         if m is None:
             return
+        ix = self._ix
+        doc = ix.add(m, self._seq(m.entry_id))
+        self._version += 1
         for target in self._note(m):
+            self._times.add(self._key_id(target), doc, True)
             cur = self._current.get(target)
-            if cur is not None and self._ix.mem[cur].order < m.order:
-                self._ix.retire(cur)  # retired by a newer row's supersedes edge
+            if cur is not None and ix.mem[cur].order < m.order:
+                ix.retire(cur)  # retired by a newer row's supersedes edge
                 del self._current[target]
+        self._times.add(self._key_id(m.key), doc, False)
         newest = self._newest.get(m.key)
-        if newest is not None and newest.order >= m.order:
-            return  # an older row arriving late: superseded from the start
-        self._newest[m.key] = m
-        cur = self._current.pop(m.key, None)
-        if cur is not None:
-            self._ix.retire(cur)
-        if self._retired.get(m.key, _NEVER) > m.order:
-            return  # a newer row of another key retired this key
-        doc = self._current[m.key] = self._ix.insert(m)
+        if newest is None or newest.order < m.order:
+            self._newest[m.key] = m
+            cur = self._current.pop(m.key, None)
+            if cur is not None:
+                ix.retire(cur)
+            if self._retired.get(m.key, _NEVER) < m.order:  # else a newer row of another key retired it
+                self._current[m.key] = doc
+                ix.make_current(doc)
+        # else: an older row arriving late, superseded from the start
         if pending:
             for order, vec in pending.values():
-                self._ix.index_vector(doc, order, vec)
+                ix.index_vector(doc, order, vec)
 
     def _note(self, m: Memory) -> list[str]:
         """Record m in its key's history and as a tombstone of the other keys it supersedes;
@@ -640,29 +707,7 @@ class MemoryView:
             prev = slot.get(len(vec))
             if prev is None or prev[0] < rec.order:
                 slot[len(vec)] = (rec.order, vec)
-        # else: the row is superseded or malformed; only a rebuild could make it current again
-
-    def _scan(self) -> _Index:
-        """An index over every well-formed memory row (superseded ones too)."""
-        if self._stale:
-            self._rebuild()
-        if self._all is None:
-            ix = _Index()
-            with _gc_paused():
-                ix.insert_many([m for rec in self._db.rows(MEMORY_STORE) if (m := parse_memory(rec)) is not None])
-                if self._store is not None:
-                    records = self._db.rows(self._store)
-                    best: dict[tuple[int, int], tuple[Order, np.ndarray]] = {}
-                    for rec, parsed in zip(records, parse_embeddings(records, self._dim)):
-                        if parsed is not None and (doc := ix.row_doc.get(parsed[0])) is not None:
-                            key = (doc, len(parsed[1]))
-                            prev = best.get(key)
-                            if prev is None or prev[0] < rec.order:
-                                best[key] = (rec.order, parsed[1])
-                    ix.index_vectors(best)
-            self._all = ix
-            _release_freed_memory()
-        return self._all
+        # else: the row is malformed; only a rebuild could make it a memory
 
 
 def _check_store(store: Any) -> str | None:

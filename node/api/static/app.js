@@ -484,7 +484,8 @@
     $("preview-error").textContent = "";
     out.dataset.ready = "false";
     try {
-      const data = await api("POST", `/v1/agents/${encodeURIComponent(agent)}/autorecall`, {messages});
+      // A preview: no model sees this block, so its lines are not counted as injections.
+      const data = await api("POST", `/v1/agents/${encodeURIComponent(agent)}/autorecall`, {messages, no_count: true});
       out.textContent = data.block; // verbatim: exactly what the agent would get
       const lines = (data.lines || []).map((l) => h("tr", {"data-testid": "preview-line"},
         cell("text", l.text), cell("bank", l.bank || "own memory"), cell("key", l.key || dash),

@@ -33,6 +33,7 @@ bench: venv
 	$(BIN)/python bench/embedders.py --json bench/results/embedders.json
 	$(BIN)/python bench/sim.py --json bench/results/sim.json
 	$(BIN)/python bench/sync.py --json bench/results/sync.json
+	$(BIN)/python bench/hygiene.py --json bench/results/hygiene.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

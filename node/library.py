@@ -96,8 +96,11 @@ class Node(Home):
         """Run one agent tool (remember, recall, list_memory_banks, neighbors) and return its JSON result."""
         return self.run("tool", {"agent": agent, "tool": tool, "args": args}).data
 
-    def auto_recall(self, agent: str, messages: Sequence[str], session: str | None = None) -> str:
-        return self.run("autorecall", {"agent": agent, "messages": list(messages), "session": session}).data["block"]
+    def auto_recall(self, agent: str, messages: Sequence[str], session: str | None = None,
+                    context_window: int | None = None) -> str:
+        """``context_window``: the answering model's, in tokens (None: 100,000); sizes the block."""
+        return self.run("autorecall", {"agent": agent, "messages": list(messages), "session": session,
+                                       "context_window": context_window}).data["block"]
 
 
 def run_in_home(home: Path | str, name: str, params: dict[str, Any], events: EventSink | None = None) -> Result:

@@ -186,6 +186,7 @@ def _run_tool(home: Path, agent: str, name: str, arguments: dict[str, Any]) -> C
 # and no_count: the prompt's block goes into the conversation, so it counts as an injection.
 PROMPT_ARGS = [name for name in AutoRecall.model_fields if name not in ("agent", "no_count")]
 LINES = {"messages": "; one message per line"}  # a list parameter, as a prompt's string argument
+NUMBERS = {"context_window"}  # whole numbers, as a prompt's string argument (else refused as not a number)
 
 
 def _relevant_memories(home: Path, agent: str, arguments: dict[str, str]) -> list[Message]:
@@ -197,6 +198,9 @@ def _relevant_memories(home: Path, agent: str, arguments: dict[str, str]) -> lis
     for name in LINES:
         if isinstance(params.get(name), str):
             params[name] = [line for line in params[name].splitlines() if line.strip()]
+    for name in NUMBERS:
+        if isinstance(params.get(name), str) and params[name].strip().isdigit():
+            params[name] = int(params[name].strip())
     try:
         block = call(home, "autorecall", {**params, "agent": agent}).data["block"]
     except (MemmeshError, OSError) as exc:

@@ -105,7 +105,8 @@ async def test_the_tools_publish_the_registry_schemas_descriptions_and_annotatio
             remember.open_world_hint) == (False, False, False, False)
     [prompt] = prompts
     assert prompt.name == PROMPT
-    assert [(a.name, a.required) for a in prompt.arguments] == [("messages", True), ("session", False)]
+    assert [(a.name, a.required) for a in prompt.arguments] == [("messages", True), ("session", False),
+                                                                 ("context_window", False)]
 
 
 # ---------------------------------------------------------------------- each tool, in process
@@ -175,6 +176,10 @@ async def test_the_prompt_is_the_autorecall_block(served):
         [message] = got.messages
         assert message.role == "user" and message.content.text == expected.data["block"]
         assert message.content.text.startswith("## Relevant Memories") and "arm boxes" in message.content.text
+
+        # the answering model's window, as the prompt's string argument: too small, no block
+        small = await client.get_prompt(PROMPT, {"messages": "how do we deploy to prod?", "context_window": "4000"})
+        assert small.messages == []
 
         nothing = await client.get_prompt(PROMPT, {"messages": "zyzzyva quux"})
         assert nothing.messages == []

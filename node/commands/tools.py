@@ -17,6 +17,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 from node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, ParamsError, parse
 from node.commands.registry import command
 from node.commands.result import Result, json_text
+from node.memory.framing import DEFAULT_CONTEXT_WINDOW, FLOOR
 from node.memory.graph import MAX_DEPTH
 from node.memory.rows import (
     MAX_EDGES,
@@ -244,10 +245,14 @@ class AutoRecall(AgentParams):
     # A preview (the cockpit's page) shows the block without injecting it into any model's context.
     no_count: Annotated[bool, Cli(flag="--no-count"), Field(
         description="a preview: do not count the lines shown as injections in the access counts")] = False
+    context_window: Annotated[int, Field(
+        ge=0, le=100_000_000,
+        description="the answering model's context window in tokens; sizes the block "
+                    f"(2,400 characters at 100,000; nothing below {FLOOR:,})")] = DEFAULT_CONTEXT_WINDOW
 
 
 @command("autorecall", AutoRecall, "print the Relevant Memories block for the last messages")
 def autorecall(node: "Node", p: AutoRecall) -> Result:
-    text, lines = node.memory.auto_recall_lines(node.agents.agent(p.agent), p.messages, p.session,
-                                                count=not p.no_count)
-    return Result({"block": text, "lines": lines}, text.rstrip("\n"))
+    text, lines, left_out = node.memory.auto_recall_lines(node.agents.agent(p.agent), p.messages, p.session,
+                                                          count=not p.no_count, context_window=p.context_window)
+    return Result({"block": text, "lines": lines, "not_shown": left_out}, text.rstrip("\n"))

@@ -12,6 +12,7 @@ The agent database keeps, as append-only rows folded in T order (newest wins):
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,10 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "auto_recall_enabled": True,
     "max_entries": 3,
     "auto_recall_banks": [],
+    # Age decay per category (days; docs/memory.md, "Age decay"): empty = off, for Chaz parity.
+    "half_lives": {},
 }
+MAX_HALF_LIFE_DAYS = 36_500  # a century: anything longer is "never", which is leaving it out
 
 
 class ConfigError(MemmeshError):
@@ -60,6 +64,8 @@ def parse_config_value(name: str, raw: Any) -> Any:
         if value is None or not 1 <= value <= 20:
             raise ConfigError(f"max_entries is a whole number from 1 to 20, got {raw!r}")
         return value
+    if name == "half_lives":
+        return _half_lives(raw)
     # auto_recall_banks: a list of bank references, or a comma-separated string
     if isinstance(raw, str):
         items = [p.strip() for p in raw.split(",") if p.strip()]
@@ -68,6 +74,51 @@ def parse_config_value(name: str, raw: Any) -> Any:
     else:
         raise ConfigError("auto_recall_banks is a list of bank names or ids (comma-separated on the command line)")
     return items
+
+
+def _half_lives(raw: Any) -> dict[str, float]:
+    """A mapping category -> half-life in days ("*": any other category, or none): a dict, its
+    JSON text, or ``fact=30,decision=365`` on the command line; ``{}`` or ``off``: no decay."""
+    rule = ('half_lives maps categories ("*": every other row) to half-lives in days, as JSON '
+            '\'{"fact": 30, "decision": 365}\' or fact=30,decision=365 (off: no decay)')
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text.lower() in ("", "off", "none"):
+            return {}
+        if text.startswith("{"):
+            try:
+                raw = json.loads(text)
+            except ValueError:
+                raise ConfigError(f"{rule}; got {raw!r}, which is not JSON") from None
+        else:
+            pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise ConfigError(f"{rule}, got {raw!r}")
+            raw = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{rule}, got {raw!r}")
+    out: dict[str, float] = {}
+    for category, days in raw.items():
+        if not isinstance(category, str) or not (category == "*" or _is_slug(category)):
+            raise ConfigError(f"{rule}; {category!r} is not a category name")
+        try:
+            value = float(days) if not isinstance(days, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not 0 < value <= MAX_HALF_LIFE_DAYS:
+            raise ConfigError(f"half_lives: the half-life of {category!r} is a number of days above 0 and "
+                              f"at most {MAX_HALF_LIFE_DAYS}, got {days!r}")
+        out[category] = value
+    return dict(sorted(out.items()))
+
+
+def _is_slug(text: str) -> bool:
+    from node.memory.rows import MemoryInputError, check_slug
+    try:
+        check_slug("category", text)
+    except MemoryInputError:
+        return False
+    return True
 
 
 @dataclass

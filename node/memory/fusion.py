@@ -27,6 +27,13 @@ rank first, starting from 0.0), so the result is reproducible bit for bit and tw
 with the same multiset of ranks get exactly the same score whatever lists they came
 from (a true tie, resolved by ``tiebreak``). A list may not contain the same id twice
 (ValueError).
+
+Age decay (:func:`decayed`)
+---------------------------
+Optional, per kind of memory: a score times ``0.5 ** (age_days / half_life)``, the age from
+the row's signed timestamp to the caller's explicit "now" (never the clock read here), so the
+same rows and the same now give the same ranking on every replica. The re-sort is stable:
+rows whose decayed scores are bitwise equal keep the order the ranking above gave them.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RRF_K", "rank_candidates", "rrf"]
+__all__ = ["DAY_MS", "RRF_K", "decay_factor", "decayed", "rank_candidates", "rrf"]
+
+DAY_MS = 86_400_000
 
 RRF_K = 60
 
@@ -201,3 +210,17 @@ def rrf(
     order = np.lexsort((ranks, inverse))
     fused = np.bincount(inverse[order], weights=weights[order], minlength=len(uniq))
     return rank_candidates(uniq, fused, limit=limit, allowed=allowed, tiebreak=tiebreak)
+
+
+def decay_factor(age_ms: int, half_life_days: float | None) -> float:
+    """``0.5 ** (age_days / half_life_days)``; 1.0 with no half-life, and for a row dated after
+    "now" (a writer's clock ahead of ours does not make a row fresher than new)."""
+    if half_life_days is None or age_ms <= 0:
+        return 1.0
+    return float(0.5 ** ((age_ms / DAY_MS) / half_life_days))
+
+
+def decayed(hits: Sequence[tuple[Any, float]], factor: Callable[[Any], float]) -> list[tuple[Any, float]]:
+    """``hits`` (best first) with each score multiplied by ``factor(item)``, best first again."""
+    scored = [(item, score * factor(item)) for item, score in hits]
+    return sorted(scored, key=lambda pair: -pair[1])  # stable: equal scores keep their rank

@@ -19,6 +19,8 @@ from crdt.database import Database
 from node.memory.access import AccessCounts
 from node.memory.agents import Agent, Agents, agent_state
 from node.memory.embedders import Embedder, EmbedderError
+from node.memory.framing import DEFAULT_CONTEXT_WINDOW, budget_chars, fit, memory_line
+from node.memory.fusion import decay_factor, decayed
 from node.memory.graph import neighbors
 from node.memory.rows import MEMORY_STORE, embedding_value, memory_value
 from node.memory.saving import plan_write
@@ -123,7 +125,9 @@ class MemoryService:
         warnings: list[str] = []
         if filters is None:
             filters = Filters(now=_now_ms())
-        found = self._search(target.db, query, tags, limit, warnings, include_superseded, filters=filters)
+        half_lives = agent_state(agent.db, memory_defaults(self.agents.home)).config["half_lives"]
+        found = self._search(target.db, query, tags, limit, warnings, include_superseded, filters=filters,
+                             half_lives=half_lives)
         counted = self.access.record([(target.db.id, m.key) for m in found], "recall") if count else {}
         view = self.view(target.db)
         memories = [{**m.to_dict(target.name), **view.relations(m, filters.as_known_at),
@@ -143,9 +147,10 @@ class MemoryService:
     def _search(self, db: Database, query: str, tags: Sequence[str], limit: int,
                 warnings: list[str], include_superseded: bool = False,
                 vectors: dict[str, np.ndarray | None] | None = None, with_scores: bool = False,
-                filters: Filters | None = None):
+                filters: Filters | None = None, half_lives: dict[str, float] | None = None):
         """Recall in one database. ``vectors`` caches the query's embedding across the
-        databases of one call (auto-recall searches several), so it is computed once."""
+        databases of one call (auto-recall searches several), so it is computed once.
+        ``half_lives``: the agent's age decay per category (empty: none), at ``filters.now``."""
         view = self.view(db)
         vector = None
         if query.strip() and view.has_vectors():
@@ -153,8 +158,15 @@ class MemoryService:
             if query not in cache:
                 cache[query] = self._embed(query, warnings, "read")
             vector = cache[query]
-        return view.recall(query, tags=tags, limit=limit, query_vector=vector,
-                           include_superseded=include_superseded, with_scores=with_scores, filters=filters)
+        if not half_lives:
+            return view.recall(query, tags=tags, limit=limit, query_vector=vector,
+                               include_superseded=include_superseded, with_scores=with_scores, filters=filters)
+        # Age decay only lowers scores: re-rank the best MAX_LIMIT candidates and keep ``limit``.
+        now = filters.now if filters is not None and filters.now is not None else _now_ms()
+        hits = view.recall(query, tags=tags, limit=MAX_LIMIT, query_vector=vector,
+                           include_superseded=include_superseded, with_scores=True, filters=filters)
+        ranked = decayed(hits, lambda m: decay_factor(now - m.ts, half_life(m, half_lives)))[:limit]
+        return ranked if with_scores else [m for m, _score in ranked]
 
     def neighbors(self, agent: Agent, key: str, bank: str | None = None, types: Sequence[str] = (),
                   depth: int = 1, now: int | None = None) -> dict[str, Any]:
@@ -195,23 +207,28 @@ class MemoryService:
         return self.agents.home.database(db_id).permission(str(agent.key.public))
 
     # ------------------------------------------------------------------ auto-recall
-    def auto_recall(self, agent: Agent, messages: Sequence[str], session: str | None = None) -> str:
-        return self.auto_recall_lines(agent, messages, session)[0]
+    def auto_recall(self, agent: Agent, messages: Sequence[str], session: str | None = None,
+                    context_window: int = DEFAULT_CONTEXT_WINDOW) -> str:
+        return self.auto_recall_lines(agent, messages, session, context_window=context_window)[0]
 
     def auto_recall_lines(self, agent: Agent, messages: Sequence[str], session: str | None = None,
-                          count: bool = True) -> tuple[str, list[dict[str, Any]]]:
-        """The Relevant Memories block, and per line of it where it came from: the line's text
+                          count: bool = True, context_window: int = DEFAULT_CONTEXT_WINDOW,
+                          ) -> tuple[str, list[dict[str, Any]], int]:
+        """The Relevant Memories block, per line of it where it came from: the line's text
         (as in the block), the memory's key, the bank (None: the agent's own memory), the
-        database and the score that ranked it there (scores compare within one store only).
-        ``count``: count the lines as injections (False for a preview that no model sees)."""
+        database and the score that ranked it there (scores compare within one store only),
+        and how many lines did not fit the budget of ``context_window`` (tokens; node/memory/
+        framing.py), which the block's closing line counts. ``count``: count the lines shown
+        as injections (False for a preview that no model sees); lines left out are not."""
         state = agent_state(agent.db, memory_defaults(self.agents.home))
         if not state.config["auto_recall_enabled"]:
-            return "", []
+            return "", [], 0
         tokens = autorecall_query_tokens(list(messages)) if messages else []
         if not tokens:
-            return "", []
+            return "", [], 0
         query = " ".join(tokens)
         limit = int(state.config["max_entries"])
+        now = _now_ms()
         warnings: list[str] = []
         lines: list[dict[str, Any]] = []
         vectors: dict[str, np.ndarray | None] = {}
@@ -222,10 +239,11 @@ class MemoryService:
 
         def add(db: Database, bank: str | None) -> None:
             hits = self._search(db, query, (), min(limit + len(shown), MAX_LIMIT), warnings,
-                                vectors=vectors, with_scores=True, filters=Filters(now=_now_ms()))
+                                vectors=vectors, with_scores=True, filters=Filters(now=now),
+                                half_lives=state.config["half_lives"])
             fresh = [(m, score) for m, score in hits if m.key not in shown][:limit]
             for m, score in fresh:
-                lines.append({"text": _line(m.key, m.value, bank), "key": m.key, "bank": bank, "db": db.id,
+                lines.append({"text": memory_line(m.key, m.value, bank), "key": m.key, "bank": bank, "db": db.id,
                               "score": score})
             shown.update(m.key for m, _score in fresh)
 
@@ -237,10 +255,12 @@ class MemoryService:
                 continue  # banks the agent cannot open (or no longer knows) are skipped silently
             add(target.db, target.name)
         if not lines:
-            return "", []
-        if count:
-            self.access.record([(line["db"], line["key"]) for line in lines], "injection")
-        return "## Relevant Memories\n\n" + "\n".join(line["text"] for line in lines) + "\n", lines
+            return "", [], 0
+        block = fit([line["text"] for line in lines], budget_chars(context_window))
+        shown = lines[:block.shown]
+        if count and shown:
+            self.access.record([(line["db"], line["key"]) for line in shown], "injection")
+        return block.text, shown, block.left_out
 
     def _recall_banks(self, agent: Agent, state, session: str | None) -> list[str]:
         """The banks auto-recall searches, closest first (node/memory/scope.py)."""
@@ -293,12 +313,19 @@ class MemoryService:
         return {"embedded": done, "store": self.embedder.store_name}
 
 
+PINNED_TAG = "pinned"
+
+
+def half_life(m: Any, half_lives: dict[str, float]) -> float | None:
+    """The row's half-life in days: by its category, else "*"; None (never decays) for a row
+    tagged ``pinned`` or of a category the config does not list when it has no "*"."""
+    if PINNED_TAG in m.tags:
+        return None
+    if m.category is not None and m.category in half_lives:
+        return half_lives[m.category]
+    return half_lives.get("*")
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
-
-def _line(key: str, value: str, bank: str | None) -> str:
-    text = f"- **{key}**: {value}"
-    if bank:
-        text += f" _(from bank: {bank})_"
-    return text

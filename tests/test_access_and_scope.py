@@ -75,7 +75,8 @@ def signed_state(node: Node) -> dict[str, Any]:
 def autorecall(node: Node, message: str, session: str | None = None) -> dict[str, Any]:
     data = node.run("autorecall", {"agent": "alpha", "messages": [message], "session": session}).data
     if data["block"]:  # the block and its lines say the same, line for line
-        assert data["block"].split("\n\n", 1)[1].rstrip("\n").split("\n") == [line["text"] for line in data["lines"]]
+        memory_lines = [t for t in data["block"].splitlines() if t.startswith("- ")]  # not the frame
+        assert memory_lines == [line["text"] for line in data["lines"]]
     return data
 
 
@@ -122,7 +123,7 @@ def test_auto_recall_counts_injections_of_the_lines_it_shows(node):
     bank = recall(node, "deploy", bank="other", no_count=True)
     assert bank["deploy.window"]["injections"] == 2
     assert bank["deploy"]["access_count"] == 0  # found, but not shown: not injected
-    assert autorecall(node, "the of and") == {"block": "", "lines": []}  # nothing shown, nothing counted
+    assert autorecall(node, "the of and") == {"block": "", "lines": [], "not_shown": 0}  # nothing shown, nothing counted
     assert recall(node, "deploy", no_count=True)["deploy"]["access_count"] == 2
 
 

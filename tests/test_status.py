@@ -223,7 +223,7 @@ def test_autorecall_lines_match_the_block_line_for_line(a):
     a.run("memory.attach", {"bank": BANK, "agent": "alpha"})
     r = a.run("autorecall", {"agent": "alpha", "messages": ["how do we deploy with nix?"]}).data
     assert r["block"] == a.auto_recall("alpha", ["how do we deploy with nix?"])
-    body = r["block"].split("\n\n", 1)[1].rstrip("\n").split("\n")
+    body = [t for t in r["block"].splitlines() if t.startswith("- ")]  # the memory lines, not the frame
     assert [line["text"] for line in r["lines"]] == body and len(body) == 3
     assert [line["bank"] for line in r["lines"]] == [None, BANK, BANK]
     bank_id = _bank(a.run("status", {}).data)["id"]
@@ -232,7 +232,7 @@ def test_autorecall_lines_match_the_block_line_for_line(a):
         assert line["key"] in line["text"] and isinstance(line["score"], float) and line["score"] > 0
     bank_scores = [line["score"] for line in r["lines"][1:]]
     assert bank_scores == sorted(bank_scores, reverse=True)
-    assert a.run("autorecall", {"agent": "alpha", "messages": ["the of and"]}).data == {"block": "", "lines": []}
+    assert a.run("autorecall", {"agent": "alpha", "messages": ["the of and"]}).data == {"block": "", "lines": [], "not_shown": 0}
 
 
 def test_agent_list_shows_attached_banks_and_autorecall_config(a):

@@ -1,11 +1,15 @@
-"""What most tests that need a home start from: an agent and a bank it may write.
+"""What most tests that need a home start from: an agent, a bank it may write, the agent's tools.
 
 ``run`` is anything that runs a command by name with its parameters: ``Node.run`` in process, or
 ``Serve.run`` (tests/procs.py) through a serve's control channel.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from node import Node
+from node.memory.embedders import EmbedderConfig
 
 Run = Callable[[str, dict[str, Any]], Any]
 
@@ -17,3 +21,21 @@ def agent_with_bank(run: Run, *, agent: str = "alpha", bank: str = "notes", perm
     run("memory.new", {"name": bank, **bank_fields})
     run("memory.grant", {"bank": bank, "agent": agent, "perm": perm})
 
+
+
+def alpha_node(home: Path) -> Iterator[Node]:
+    """A node in ``home`` with one agent, alpha, and no embedder, closed afterwards: a fixture
+    body (``yield from alpha_node(tmp_path / "home")``)."""
+    n = Node.open(home)
+    n.set_embedder_config(EmbedderConfig("none"))
+    n.agents.create_agent("alpha")
+    yield n
+    n.close()
+
+
+def remember(node: Node, **args: Any) -> Any:
+    return node.call_tool("alpha", "remember", args)
+
+
+def recall(node: Node, **args: Any) -> Any:
+    return node.call_tool("alpha", "recall", args)

@@ -306,15 +306,21 @@ def test_a_lost_storage_file_beside_the_keys(home: Path, how: str) -> None:
     assert not storage.exists() or storage.stat().st_size == 0  # nothing was created in its place
 
 
+def _damage_root_page(home: Path, table: str) -> None:
+    """Change the count of fragmented free bytes in the header of ``table``'s root page: damage
+    SQLite's quick_check finds that reading the rows does not meet."""
+    raw = sqlite3.connect(home / "node.sqlite")
+    page = raw.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    raw.close()
+    data = bytearray((home / "node.sqlite").read_bytes())
+    data[(page - 1) * 4096 + 7] = 0x3F
+    (home / "node.sqlite").write_bytes(bytes(data))
+
+
 def test_a_damaged_page_of_peer_local_records(home: Path) -> None:
     """The registry's rows carry no hash: a damaged page could hide an agent's record without
     any error ("no agent named alpha"). Every open checks those tables page by page."""
-    raw = sqlite3.connect(home / "node.sqlite")
-    page = raw.execute("SELECT rootpage FROM sqlite_master WHERE name = 'local'").fetchone()[0]
-    raw.close()
-    data = bytearray((home / "node.sqlite").read_bytes())
-    data[(page - 1) * 4096 + 7] = 0x3F  # the page header's fragmented free bytes
-    (home / "node.sqlite").write_bytes(bytes(data))
+    _damage_root_page(home, "local")
     line = recall_error(home)
     assert line.startswith(f"{home / 'node.sqlite'} is damaged (SQLite's quick_check: ")
     assert line.endswith(f"); {REPAIR}")
@@ -417,12 +423,7 @@ def test_serve_runs_quick_check_first(home: Path) -> None:
     """Damage that reading does not meet (a b-tree page's count of fragmented bytes, in the log's
     table, which every open does not check page by page): commands still answer, serve's
     quick_check of every page refuses to start on it."""
-    raw = sqlite3.connect(home / "node.sqlite")
-    page = raw.execute("SELECT rootpage FROM sqlite_master WHERE name = 'entries'").fetchone()[0]
-    raw.close()
-    data = bytearray((home / "node.sqlite").read_bytes())
-    data[(page - 1) * 4096 + 7] = 0x3F  # the page header's fragmented free bytes
-    (home / "node.sqlite").write_bytes(bytes(data))
+    _damage_root_page(home, "entries")
     assert run("--home", str(home), "recall", "alpha", "deploy")[0] == 0
     proc = _serve(home)
     assert proc.returncode == 1

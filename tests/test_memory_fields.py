@@ -12,12 +12,11 @@ from hypothesis import strategies as st
 from auth.errors import MemmeshError
 from crdt.database import Database
 from crdt.storage import MemoryStorage
-from node import Node
-from node.memory.embedders import EmbedderConfig
 from node.memory.rows import MEMORY_STORE, memory_value, parse_memory
 from node.memory.saving import plan_write
 from node.memory.timeline import Filters
 from node.memory.view import MemoryView
+from tests.homes import alpha_node, recall, remember
 from tests.dbkit import feed, grant, key, new_db, replica, write
 
 ADMIN, ALICE, BOB, CAROL = key(1), key(2), key(3), key(4)
@@ -25,19 +24,7 @@ ADMIN, ALICE, BOB, CAROL = key(1), key(2), key(3), key(4)
 
 @pytest.fixture
 def node(tmp_path):
-    n = Node.open(tmp_path / "home")
-    n.set_embedder_config(EmbedderConfig("none"))
-    n.agents.create_agent("alpha")
-    yield n
-    n.close()
-
-
-def remember(node, **args):
-    return node.call_tool("alpha", "remember", args)
-
-
-def recall(node, **args):
-    return node.call_tool("alpha", "recall", args)
+    yield from alpha_node(tmp_path / "home")
 
 
 def entries(node) -> int:

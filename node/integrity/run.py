@@ -421,23 +421,14 @@ def _account(db: Any, f: _Found, why_not: str) -> None:
     repair = f.report.repair
     v = f.found
     present = lambda entry_id: db.entry(entry_id) is not None  # noqa: E731
-    for entry_id, p in v.damaged.items():
-        if present(entry_id):
-            repair.recovered.append(entry_id)
-        else:
-            repair.lost.append(Lost(entry_id, f"damaged ({p.code}); {why_not}", author=p.author, seq=p.seq))
-    for entry_id, p in v.absent.items():
-        if present(entry_id):
-            repair.recovered.append(entry_id)
-        else:
-            repair.lost.append(Lost(entry_id, f"not stored although stored entries name it; {why_not}",
-                                    author=p.author, seq=p.seq))
-    for entry_id, p in v.orphans.items():
-        if present(entry_id):
-            repair.recovered.append(entry_id)
-        else:
-            repair.lost.append(Lost(entry_id, f"{p.detail}: kept aside, it cannot be applied without it",
-                                    author=p.author, seq=p.seq))
+    for found, why in ((v.damaged, lambda p: f"damaged ({p.code}); {why_not}"),
+                       (v.absent, lambda p: f"not stored although stored entries name it; {why_not}"),
+                       (v.orphans, lambda p: f"{p.detail}: kept aside, it cannot be applied without it")):
+        for entry_id, p in found.items():
+            if present(entry_id):
+                repair.recovered.append(entry_id)
+            else:
+                repair.lost.append(Lost(entry_id, why(p), author=p.author, seq=p.seq))
     for entry_id, (stores, p) in v.payloads.items():
         if entry_id in v.orphans:
             continue  # accounted for as a whole entry above

@@ -34,6 +34,8 @@ bench: venv
 	$(BIN)/python bench/sim.py --json bench/results/sim.json
 	$(BIN)/python bench/sync.py --json bench/results/sync.json
 	$(BIN)/python bench/hygiene.py --json bench/results/hygiene.json
+	$(BIN)/python bench/credentials.py --json bench/results/credentials.json
+	$(BIN)/python bench/autorecall.py --json bench/results/autorecall.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

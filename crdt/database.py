@@ -418,6 +418,21 @@ class Database(Ingestion, DerivedState):
         node = self._nodes.get(entry_id)
         return None if node is None else dict(node.vv)
 
+    def settings_at(self, entry_id: str) -> AuthSettings | None:
+        """The settings of an accepted entry's causal past, the entry itself excluded: what the
+        validity rule judged it by (and what a rule over its rows, such as a quarantine's,
+        must judge it by too: a function of signed facts, the same on every replica). None if
+        no accepted entry has that id."""
+        if not self.is_accepted(entry_id):
+            return None
+        node = self._nodes[entry_id]
+        vv = self.past_vector(entry_id) or {}
+        if node.entry.seq == 0:
+            vv.pop(node.author_key, None)
+        else:
+            vv[node.author_key] = node.entry.seq - 1
+        return self._evaluator.settings_at(vv)
+
     def on_stored(self, listener: Callable[[tuple[str, ...]], None]) -> Callable[[], None]:
         """Call ``listener(ids)`` after each commit that stored entries (local or received);
         returns a function that removes it. This is what the sync daemon pushes from. A

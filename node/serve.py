@@ -463,6 +463,9 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
         await db.run(watch.start)
         live = await db.run(lambda: LiveConfig.start(node, flags))
         db_ready.append(db)
+        # Recall indexes are built on the search threads, so the first turns do not wait for them
+        # on the database thread (auto-recall names a store whose index is still building).
+        await db.run(lambda: node.memory.warm(node.database_ids()))
         listen, advertise, discovery = live.running.listen, live.running.advertise, live.running.discovery
         interval_s, fanout = live.running.interval_s, live.running.fanout
         tcp_sock = bind_listen(listen)

@@ -33,9 +33,13 @@ or section left empty, e.g. with everything under it commented out, means its de
     api:
       listen: 127.0.0.1:7412               # the local HTTP API; loopback only unless allow_remote
       allow_remote: false
-    auto_recall:
+    auto_recall:                           # node-wide defaults of every agent's memory config
       enabled: true
       max_entries: 3
+      half_lives: {fact: 30, "*": 90}      # days per category; default {}: no decay
+      trust_weights: {ingested: 0.5}       # tiers left out keep their built-in weight
+      include_secrets: false
+      deadline_ms: 50                      # the agents' auto_recall_deadline_ms
 
 No telemetry: nothing in this file (or anywhere in memmesh) reports to anyone.
 """
@@ -47,7 +51,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, field_validator)
+from pydantic import (AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, ValidationInfo,
+                      field_validator)
+from pydantic_core import PydanticCustomError
 
 from auth.errors import MemmeshError
 from node.registry import NAME_RE
@@ -177,9 +183,47 @@ class ApiSpec(_Section):
         return value
 
 
+# auto_recall key -> the agent memory config key it is the node's default of (node/memory/agents.py)
+AUTO_RECALL_KEYS = {"enabled": "auto_recall_enabled", "max_entries": "max_entries", "half_lives": "half_lives",
+                    "trust_weights": "trust_weights", "include_secrets": "include_secrets",
+                    "deadline_ms": "auto_recall_deadline_ms"}
+MEMORY_RULE = "memory_config_rule"  # the error type of a value parse_config_value refused
+
+
+def _memory_value(key: str, raw: Any) -> Any:
+    """``raw`` as the agent memory config takes it: parse_config_value is the one rule, so
+    config.yaml and `memory config set` accept and refuse the same values with the same words."""
+    # imported here: node.memory.agents imports half the node, which imports this module
+    from node.memory.agents import ConfigError, parse_config_value
+
+    try:
+        return parse_config_value(AUTO_RECALL_KEYS[key], raw)
+    except ConfigError as exc:
+        raise PydanticCustomError(MEMORY_RULE, str(exc)) from None
+
+
+def _memory_default(key: str) -> Any:
+    from node.memory.agents import CONFIG_DEFAULTS
+
+    return _memory_value(key, CONFIG_DEFAULTS[AUTO_RECALL_KEYS[key]])  # a copy, never the shared dict
+
+
 class AutoRecallSpec(_Section):
     enabled: bool = True
     max_entries: Annotated[int, Field(ge=1, le=20)] = 3
+    half_lives: dict[str, float] = Field(default_factory=lambda: _memory_default("half_lives"))
+    trust_weights: dict[str, float] = Field(default_factory=lambda: _memory_default("trust_weights"))
+    include_secrets: bool = Field(default_factory=lambda: _memory_default("include_secrets"))
+    deadline_ms: int = Field(default_factory=lambda: _memory_default("deadline_ms"))
+
+    @field_validator("half_lives", "trust_weights", "include_secrets", "deadline_ms", mode="before")
+    @classmethod
+    def _memory_rule(cls, raw: Any, info: ValidationInfo) -> Any:
+        return _memory_value(info.field_name, raw)
+
+    def memory_config(self) -> dict[str, Any]:
+        """The section as agent memory config keys and values."""
+        return {AUTO_RECALL_KEYS[k]: v for k, v in self.model_dump().items()}
 
 
 @dataclass(frozen=True)
@@ -252,15 +296,28 @@ def parse_config(text: str, file: str) -> NodeConfig:
     try:
         cfg = NodeConfig.model_validate({} if data is None else data)
     except ValidationError as exc:
-        errors = sorted(exc.errors(), key=lambda e: source.line(e["loc"]) or 0)
+        errors = sorted(exc.errors(), key=lambda e: source.line(_value_loc(e)) or 0)
         problem = _problem(errors[0])
         if len(errors) > 1:
             problem += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-        raise ConfigFileError.at(file, source.line(errors[0]["loc"]), problem) from None
+        raise ConfigFileError.at(file, source.line(_value_loc(errors[0])), problem) from None
     cfg._source = source
     for loc, problem in _file_problems(cfg):
         raise cfg.error(loc, problem)
     return cfg
+
+
+def _value_loc(e: Any) -> Loc:
+    """Where the value an error is about sits: for a mapping the memory rule refused, the
+    entry it refused (its own line), found by asking the rule about each entry alone."""
+    loc = tuple(e["loc"])
+    if e["type"] == MEMORY_RULE and isinstance(e["input"], dict) and loc and loc[-1] in AUTO_RECALL_KEYS:
+        for key, value in e["input"].items():
+            try:
+                _memory_value(loc[-1], {key: value})
+            except PydanticCustomError:
+                return (*loc, key)
+    return loc
 
 
 def _file_problems(cfg: NodeConfig) -> list[tuple[Loc, str]]:
@@ -418,6 +475,9 @@ def _problem(e: Any) -> str:
     if kind == "missing":
         parent = _where(loc[:-1])
         return f"{parent}: needs {loc[-1]}" if parent else f"needs {loc[-1]}"
+    if kind == MEMORY_RULE:
+        # the rule's own words (they show the value already); the key once, in the location
+        return f"{where}: {e['msg'].removeprefix(f'{loc[-1]}: ')}"
     if kind == "extra_forbidden":
         model = _section_model(loc[:-1])
         takes = ", ".join(model.model_fields) if model is not None else "other keys"
@@ -459,8 +519,7 @@ def memory_defaults(node: "Home") -> dict[str, Any]:
     with config.yaml's auto_recall section over them."""
     from node.memory.agents import CONFIG_DEFAULTS
 
-    ar = applied(node).auto_recall
-    return {**CONFIG_DEFAULTS, "auto_recall_enabled": ar.enabled, "max_entries": ar.max_entries}
+    return {**CONFIG_DEFAULTS, **applied(node).auto_recall.memory_config()}
 
 
 # ---------------------------------------------------------------------- the template
@@ -501,6 +560,12 @@ TEMPLATE = """\
 # auto_recall:                        # node-wide defaults; `memmesh memory config set` wins
 #   enabled: true
 #   max_entries: 3                    # 1-20 memories per store
+#   half_lives: {}                    # age decay: days per category, "*" for the rest, e.g.
+#                                     #   {fact: 30, decision: 365, "*": 90}; {}: no decay
+#   trust_weights: {owner: 1.0, peer: 1.0, ingested: 0.6, flagged: 0.5}   # 0-1; tiers left out
+#                                     #   keep these weights
+#   include_secrets: false            # recall returns rows holding a credential only when true
+#   deadline_ms: 50                   # auto-recall waits at most this long (0-10000; 0: off)
 """
 
 

@@ -123,7 +123,7 @@ def test_auto_recall_counts_injections_of_the_lines_it_shows(node):
     bank = recall(node, "deploy", bank="other", no_count=True)
     assert bank["deploy.window"]["injections"] == 2
     assert bank["deploy"]["access_count"] == 0  # found, but not shown: not injected
-    assert autorecall(node, "the of and") == {"block": "", "lines": [], "not_shown": 0}  # nothing shown, nothing counted
+    assert autorecall(node, "the of and") == {"block": "", "lines": [], "not_shown": 0, "not_searched": []}  # nothing shown, nothing counted
     assert recall(node, "deploy", no_count=True)["deploy"]["access_count"] == 2
 
 

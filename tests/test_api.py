@@ -162,6 +162,10 @@ EXAMPLES: list[tuple[str, str, Any, int]] = [
     ("POST", "/v1/memory/unshare", {"bank": "notes"}, 200),
     ("POST", "/v1/memory/import", {"ticket": "memmesh:?db=nothing"}, 422),
     ("POST", "/v1/sync", {}, 200),
+    ("POST", "/v1/memory/status", {"bank": "notes", "agent": "alpha"}, 200),
+    ("POST", "/v1/memory/quarantine", {"bank": "notes", "who": "alpha"}, 200),
+    ("POST", "/v1/memory/quarantines", {"bank": "notes"}, 200),
+    ("POST", "/v1/memory/release", {"bank": "notes", "quarantine": "{quarantine}"}, 200),
     ("POST", "/v1/memory/delete", {"ref": "scratch"}, 200),
     ("GET", "/v1/config/show", None, 200),
     ("POST", "/v1/config/check", {}, 200),
@@ -208,6 +212,8 @@ async def test_every_route_answers_with_the_token_and_refuses_without(api):
             assert answer["error"]["code"] == "refused" and answer["error"]["message"]
         if pattern.endswith("/remember"):
             state["entry"] = answer["data"]["entry"]
+        if pattern.endswith("/memory/quarantine"):
+            state["quarantine"] = answer["data"]["id"]
 
 
 async def test_remember_answers_the_committed_entry_id_which_recall_then_finds(api):

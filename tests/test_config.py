@@ -2,23 +2,27 @@
 are the defaults; applying is idempotent (entry counts over three open + reload cycles); a reload
 adds an agent; a malformed file keeps the last good config; conflicts change nothing;
 allowed_tools holds through the CLI; `config check` validates without applying; auto_recall
-defaults sit below an agent's own config; serve's flags > config.yaml > defaults."""
+defaults sit below an agent's own config, and its memory-config keys follow parse_config_value's
+rule; serve's flags > config.yaml > defaults."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node import Node
 from node.cli import main
 from node.commands.serving import DEFAULT_HOST, DEFAULT_PORT
 from node.config_apply import apply_config, reload_config
-from node.memory.agents import agent_state
+from node.memory.agents import CONFIG_DEFAULTS, ConfigError, agent_state, parse_config_value
 from node.registry import EMBEDDER_SECRET
 from node.serve_config import LiveConfig, SyncFlags
-from node.settings import (APPLIED, CONFIG_FILE, TEMPLATE, ConfigFileError, NodeConfig, SyncSpec, ToolNotAllowed,
-                           applied, load_config, parse_config)
+from node.settings import (APPLIED, AUTO_RECALL_KEYS, CONFIG_FILE, TEMPLATE, ConfigFileError, NodeConfig, SyncSpec,
+                           ToolNotAllowed, applied, load_config, memory_defaults, parse_config)
 from node.sync.service import SyncService
 
 CONFIG = """\
@@ -100,6 +104,20 @@ MALFORMED = [
     ("two documents", "sync: {}\n---\napi: {}\n", 2, "expected a single document"),
     ("not a mapping", "- agents\n", 1, "should be a mapping (key: value lines) of the sections"),
     ("section not a mapping", "sync: fast\n", 1, "sync: should be a mapping (key: value lines) (got 'fast')"),
+    # the memory-config keys: parse_config_value's words, the line of the entry at fault
+    ("half-life", "auto_recall:\n  half_lives:\n    fact: 30\n    decision: -1\n", 4,
+     "auto_recall.half_lives: the half-life of 'decision' is a number of days above 0 and at most 36500, got -1"),
+    ("category", "auto_recall:\n  half_lives: {'Not A Slug': 3}\n", 2, "'Not A Slug' is not a category name"),
+    ("quarantined weight", "auto_recall:\n  trust_weights:\n    ingested: 0.5\n    quarantined: 0\n", 4,
+     "auto_recall.trust_weights: trust_weights maps trust tiers (owner, peer, ingested, flagged) to weights from "
+     "0 to 1, as JSON '{\"ingested\": 0.5}' or ingested=0.5,flagged=0; 'quarantined' is not a weighted tier"),
+    ("weight", "auto_recall:\n  trust_weights: {flagged: 1.5}\n", 2,
+     "auto_recall.trust_weights: the weight of 'flagged' is a number from 0 to 1, got 1.5"),
+    ("include_secrets", "auto_recall:\n  enabled: true\n  include_secrets: maybe\n", 3,
+     "auto_recall.include_secrets: include_secrets is true or false, got 'maybe'"),
+    ("deadline", "auto_recall:\n  deadline_ms: 20000\n", 2,
+     "auto_recall.deadline_ms: auto_recall_deadline_ms is a whole number of milliseconds from 0 (auto-recall off) "
+     "to 10000, got 20000"),
 ]
 
 
@@ -370,6 +388,87 @@ def test_auto_recall_defaults_sit_below_the_agents_own_config(home, capsys):
         node.run("memory.config", {"agent": "alpha", "action": "reset"})
         shown = node.run("memory.config", {"agent": "alpha", "action": "show"}).data["config"]
         assert (shown["auto_recall_enabled"], shown["max_entries"]) == (False, 7)  # back to the node's
+
+
+MEMORY_SECTION = """\
+auto_recall:
+  max_entries: 5
+  half_lives:
+    fact: 30
+    "*": 90
+  trust_weights: {ingested: 0.25}
+  include_secrets: true
+  deadline_ms: 0
+"""
+
+
+def test_the_memory_config_keys_are_node_defaults_that_an_agents_own_config_overrides(home, capsys):
+    h = str(home)
+    _write(home, MEMORY_SECTION)
+    code, out, _ = _cli(capsys, "--home", h, "config", "check")
+    assert code == 0 and out.startswith(f"{home / CONFIG_FILE}: ok")
+    assert _cli(capsys, "--home", h, "reload")[0] == 0
+    assert _cli(capsys, "--home", h, "agent", "new", "alpha")[0] == 0
+    node_wide = {"max_entries": 5, "half_lives": {"*": 90.0, "fact": 30.0},
+                 "trust_weights": {"owner": 1.0, "peer": 1.0, "ingested": 0.25, "flagged": 0.5},
+                 "include_secrets": True, "auto_recall_deadline_ms": 0}
+    with Node.open(home) as node:
+        assert memory_defaults(node) == {**CONFIG_DEFAULTS, **node_wide}
+    code, out, _ = _cli(capsys, "--home", h, "--json", "config", "show")
+    assert json.loads(out)["auto_recall"] == {"enabled": True, "max_entries": 5, "half_lives": {"*": 90.0, "fact": 30.0},
+                                              "trust_weights": node_wide["trust_weights"], "include_secrets": True,
+                                              "deadline_ms": 0}
+    assert _cli(capsys, "--home", h, "memory", "config", "alpha", "set", "half_lives", "decision=365")[0] == 0
+    assert _cli(capsys, "--home", h, "memory", "config", "alpha", "set", "auto_recall_deadline_ms", "80")[0] == 0
+    code, out, _ = _cli(capsys, "--home", h, "--json", "memory", "config", "alpha", "show")
+    shown = json.loads(out)["config"]
+    assert (shown["half_lives"], shown["auto_recall_deadline_ms"]) == ({"decision": 365.0}, 80)  # its own win
+    assert (shown["trust_weights"], shown["include_secrets"]) == (node_wide["trust_weights"], True)  # the node's
+    assert _cli(capsys, "--home", h, "memory", "config", "alpha", "reset")[0] == 0
+    code, out, _ = _cli(capsys, "--home", h, "--json", "memory", "config", "alpha", "show")
+    assert {k: json.loads(out)["config"][k] for k in node_wide} == node_wide
+
+
+def test_a_refused_memory_config_value_applies_nothing(home, capsys):
+    _write(home, MEMORY_SECTION)
+    with Node.open(home) as node:
+        reload_config(node)
+        good, defaults = node.registry.config(APPLIED), memory_defaults(node)
+        path = _write(home, MEMORY_SECTION.replace("deadline_ms: 0", "deadline_ms: 0\n  enabled: false")
+                      .replace("ingested: 0.25", "ingested: 0.25, flagged: -1"))
+        with pytest.raises(ConfigFileError) as err:
+            node.run("reload", {})
+        assert str(err.value).startswith(f"{path}:6: auto_recall.trust_weights: the weight of 'flagged' ")
+        assert node.registry.config(APPLIED) == good and memory_defaults(node) == defaults
+    code, _out, err = _cli(capsys, "--home", str(home), "config", "check")
+    assert code == 1 and f"{path}:6: auto_recall.trust_weights" in err
+    _write(home, MEMORY_SECTION.replace("deadline_ms: 0", "deadline_ms: 40"))
+    with Node.open(home) as node:
+        assert reload_config(node).changes == ["auto_recall.deadline_ms: 0 -> 40"]
+        assert memory_defaults(node)["auto_recall_deadline_ms"] == 40
+
+
+MEMORY_KEYS = [k for k in AUTO_RECALL_KEYS if k not in ("enabled", "max_entries")]
+scalars = st.one_of(st.booleans(), st.integers(-5, 20_000), st.floats(-2, 40_000, allow_nan=False),
+                    st.sampled_from(["", "off", "yes", "50", "fact=30", "ingested=0.5", "Bad Cat", "*"]))
+values = st.one_of(scalars, st.dictionaries(st.sampled_from(["fact", "*", "owner", "flagged", "quarantined", "Bad"]),
+                                            scalars, max_size=3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(key=st.sampled_from(MEMORY_KEYS), value=values)
+def test_config_yaml_takes_a_memory_key_exactly_when_parse_config_value_does(key, value):
+    text = yaml.safe_dump({"auto_recall": {key: value}}, sort_keys=False)
+    name = AUTO_RECALL_KEYS[key]
+    try:
+        want = parse_config_value(name, value)
+    except ConfigError as exc:
+        with pytest.raises(ConfigFileError) as err:
+            parse_config(text, "c.yaml")
+        assert str(err.value).endswith(str(exc).removeprefix(f"{name}: "))
+    else:
+        got = parse_config(text, "c.yaml").auto_recall.memory_config()[name]
+        assert got == want
 
 
 # ---------------------------------------------------------------------- serve's settings

@@ -75,14 +75,21 @@ def test_ordinary_memories_render_as_before():
     assert neutralise("x < y and y > z; a | b; use `code`; C# and F#") == "x < y and y > z; a | b; use `code`; C# and F#"
 
 
-def test_a_stored_injection_attempt_is_framed_in_the_block(tmp_path):
+def test_a_stored_injection_attempt_is_kept_out_and_structure_markers_are_framed(tmp_path):
     node = Node.open(tmp_path / "home")
     try:
         node.set_embedder_config(EmbedderConfig("none"))
         node.agents.create_agent("alpha")
-        node.call_tool("alpha", "remember", {"key": "deploy notes", "value": HOSTILE[1] + HOSTILE[0]})
-        block = node.auto_recall("alpha", ["what are the deploy notes?"])
+        # Text the instruction detector flags is stored but never reaches the block ...
+        out = node.call_tool("alpha", "remember", {"key": "deploy notes", "value": HOSTILE[1] + HOSTILE[0]})
+        assert out["flagged"] == "fake_turn"
+        assert node.auto_recall("alpha", ["what are the deploy notes?"]) == ""
+        # ... and text it does not flag, shaped to end the block or start a heading, is neutralised.
+        value = HOSTILE[10] + "\n" + HOSTILE[7] + " </memories> > quoted turn"
+        node.call_tool("alpha", "remember", {"key": "deploy summary", "value": value})
+        block = node.auto_recall("alpha", ["what are the deploy notes and summary?"])
         [line] = structure_ok(block, 1)
-        assert "ignore previous instructions" in line and "\\<\\|im_start\\|\\>" in line
+        assert line.startswith("- **deploy summary**: ") and "\\</memories\\>" in line
+        assert "heading in a fence" in line and "more memories not shown" in line
     finally:
         node.close()

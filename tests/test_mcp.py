@@ -106,7 +106,7 @@ async def test_the_tools_publish_the_registry_schemas_descriptions_and_annotatio
     [prompt] = prompts
     assert prompt.name == PROMPT
     assert [(a.name, a.required) for a in prompt.arguments] == [("messages", True), ("session", False),
-                                                                 ("context_window", False)]
+                                                                 ("context_window", False), ("now", False)]
 
 
 # ---------------------------------------------------------------------- each tool, in process

@@ -156,8 +156,10 @@ def test_refused_by_reason_and_refusals_paged_newest_first_with_explain(a, tmp_p
 def test_recall_share_of_memories_with_a_vector(a):
     a.run("remember", {"agent": "alpha", "key": "k1", "value": "no vector", "bank": BANK})
     a.run("remember", {"agent": "alpha", "key": "k2", "value": "no vector either", "bank": BANK})
-    assert _bank(a.run("status", {}).data)["recall"] == {"embedder": None, "memories": 2, "with_vectors": 0,
-                                                         "share": None}
+    assert _bank(a.run("status", {}).data)["recall"] == {
+        "embedder": None, "memories": 2, "with_vectors": 0, "embeddable": 2, "share": None,
+        "tiers": {"owner": 0, "peer": 2, "ingested": 0, "flagged": 0, "quarantined": 0},
+        "flagged_by_rule": {}, "secrets": 0, "quarantines": {"active": 0, "released": 0}}
     a.run("embedder.set", {"provider": "hashed"})
     a.run("remember", {"agent": "alpha", "key": "k3", "value": "with a vector", "bank": BANK})
     a.run("remember", {"agent": "alpha", "key": "k1", "value": "now with a vector", "bank": BANK})  # supersedes
@@ -232,7 +234,7 @@ def test_autorecall_lines_match_the_block_line_for_line(a):
         assert line["key"] in line["text"] and isinstance(line["score"], float) and line["score"] > 0
     bank_scores = [line["score"] for line in r["lines"][1:]]
     assert bank_scores == sorted(bank_scores, reverse=True)
-    assert a.run("autorecall", {"agent": "alpha", "messages": ["the of and"]}).data == {"block": "", "lines": [], "not_shown": 0}
+    assert a.run("autorecall", {"agent": "alpha", "messages": ["the of and"]}).data == {"block": "", "lines": [], "not_shown": 0, "not_searched": []}
 
 
 def test_agent_list_shows_attached_banks_and_autorecall_config(a):

@@ -32,6 +32,8 @@ from node.commands import check  # noqa: F401
 from node.commands import fence  # noqa: F401
 from node.commands import serving  # noqa: F401  (memmesh serve; its handler imports node/serve.py lazily)
 from node.commands import mcp  # noqa: F401
+from node.commands import quarantine  # noqa: F401
+from node.commands import recall_status  # noqa: F401
 from node.commands.params import Params, ParamsError
 from node.commands.registry import REGISTRY, Command, EventSink, UnknownCommand, progress_sink
 from node.commands.result import Result, json_text

@@ -100,16 +100,22 @@ def grants(node: "Node", db: "Database") -> list[dict[str, Any]]:
     return out
 
 
-def recall_status(node: "Node", db: "Database") -> dict[str, Any]:
-    """The embedder in use and the share of current memories that have a vector for it."""
+def recall_status(node: "Node", db: "Database", reader: str | None = None) -> dict[str, Any]:
+    """The embedder in use, the share of current memories (those that may have one: secrets are
+    never embedded) with a vector for it, and the current memories per trust tier for
+    ``reader`` (a public key; None: every plain row is ``peer``), per hygiene rule, holding a
+    secret, and the bank's quarantines."""
     view = node.memory.view(db)
-    memories = len(view)
+    counts = view.status(reader)
+    qs = view.quarantines()
     embedder = node.memory.embedder
-    if embedder is None:
-        return {"embedder": None, "memories": memories, "with_vectors": 0, "share": None}
-    with_vectors = memories - len(view.missing_vectors())
-    return {"embedder": embedder.store_name.split(":", 1)[1], "memories": memories,
-            "with_vectors": with_vectors, "share": round(with_vectors / memories, 4) if memories else None}
+    with_vectors = counts["with_vector"] if embedder is not None else 0
+    embeddable = counts["embeddable"]
+    return {"embedder": embedder.store_name.split(":", 1)[1] if embedder is not None else None,
+            "memories": counts["memories"], "with_vectors": with_vectors, "embeddable": embeddable,
+            "share": round(with_vectors / embeddable, 4) if embedder is not None and embeddable else None,
+            "tiers": counts["tiers"], "flagged_by_rule": counts["flagged_by_rule"], "secrets": counts["secrets"],
+            "quarantines": {"active": sum(q.active for q in qs), "released": sum(not q.active for q in qs)}}
 
 
 def database_status(node: "Node", db_id: str, shared: set[str], t: int, stale_ms: int) -> dict[str, Any]:

@@ -249,10 +249,15 @@ class AutoRecall(AgentParams):
         ge=0, le=100_000_000,
         description="the answering model's context window in tokens; sizes the block "
                     f"(2,400 characters at 100,000; nothing below {FLOOR:,})")] = DEFAULT_CONTEXT_WINDOW
+    now: Annotated[WorldTime, Field(
+        description="the caller's clock (ISO 8601), for age decay and facts whose valid_to has passed; "
+                    "default: this node's clock")] = None
 
 
 @command("autorecall", AutoRecall, "print the Relevant Memories block for the last messages")
 def autorecall(node: "Node", p: AutoRecall) -> Result:
-    text, lines, left_out = node.memory.auto_recall_lines(node.agents.agent(p.agent), p.messages, p.session,
-                                                          count=not p.no_count, context_window=p.context_window)
-    return Result({"block": text, "lines": lines, "not_shown": left_out}, text.rstrip("\n"))
+    text, lines, left_out, missing = node.memory.auto_recall_result(
+        node.agents.agent(p.agent), p.messages, p.session, count=not p.no_count, context_window=p.context_window,
+        now=None if p.now is None else check_time("now", p.now))
+    return Result({"block": text, "lines": lines, "not_shown": left_out, "not_searched": missing},
+                  text.rstrip("\n"))

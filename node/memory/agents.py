@@ -13,6 +13,8 @@ The agent database keeps, as append-only rows folded in T order (newest wins):
 from __future__ import annotations
 
 import json
+import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,8 @@ from crdt.database import Database
 from node.home import Home
 from node.registry import AgentRecord, BankRecord, NameError_, NameTaken, UnknownName, check_name
 
+log = logging.getLogger(__name__)
+
 BANKS_STORE = "memory_banks"
 CONFIG_STORE = "config"
 WRITE_PRIORITY = 10  # agents write at Write(10); bank and agent root keys hold Admin(0)
@@ -34,8 +38,34 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "auto_recall_banks": [],
     # Age decay per category (days; docs/memory.md, "Age decay"): empty = off, for Chaz parity.
     "half_lives": {},
+    # Trust tiers (docs/memory.md, "Trust tiers"): each fused score times its tier's weight.
+    # Flagged and quarantined rows are never auto-recalled, whatever their weight.
+    "trust_weights": {"owner": 1.0, "peer": 1.0, "ingested": 0.6, "flagged": 0.5},
+    # Rows holding a credential are returned by recall only when this is true (never embedded,
+    # never auto-recalled either way).
+    "include_secrets": False,
+    # Auto-recall searches its stores concurrently and waits this long at most; 0: auto-recall off.
+    "auto_recall_deadline_ms": 50,
 }
+DEADLINE_ENV = "MEMMESH_AUTO_RECALL_DEADLINE_MS"  # the built-in deadline, for a whole machine
 MAX_HALF_LIFE_DAYS = 36_500  # a century: anything longer is "never", which is leaving it out
+TRUST_TIERS = ("owner", "peer", "ingested", "flagged", "quarantined")
+
+
+def _deadline_from_env() -> None:
+    """``MEMMESH_AUTO_RECALL_DEADLINE_MS`` replaces the built-in 50 ms (config.yaml and an agent's
+    own config still win): for a machine too loaded for 50 ms, or a test suite that must not
+    depend on the machine's speed."""
+    raw = os.environ.get(DEADLINE_ENV)
+    if raw is None:
+        return
+    try:
+        CONFIG_DEFAULTS["auto_recall_deadline_ms"] = parse_config_value("auto_recall_deadline_ms", raw)
+    except ConfigError as exc:
+        log.warning("%s ignored: %s", DEADLINE_ENV, exc)
+
+WEIGHTED_TIERS = ("owner", "peer", "ingested", "flagged")  # quarantined rows are never recalled
+MAX_DEADLINE_MS = 10_000
 
 
 class ConfigError(MemmeshError):
@@ -46,7 +76,7 @@ def parse_config_value(name: str, raw: Any) -> Any:
     """Validate a config value (strings from the CLI are converted)."""
     if name not in CONFIG_DEFAULTS:
         raise ConfigError(f"unknown config key {name!r}; known keys: {', '.join(CONFIG_DEFAULTS)}")
-    if name == "auto_recall_enabled":
+    if name in ("auto_recall_enabled", "include_secrets"):
         if isinstance(raw, bool):
             return raw
         text = str(raw).strip().lower()
@@ -54,7 +84,19 @@ def parse_config_value(name: str, raw: Any) -> Any:
             return True
         if text in ("false", "0", "no", "off"):
             return False
-        raise ConfigError(f"auto_recall_enabled is true or false, got {raw!r}")
+        raise ConfigError(f"{name} is true or false, got {raw!r}")
+    if name == "auto_recall_deadline_ms":
+        ms: int | None = None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            ms = raw
+        elif isinstance(raw, str) and raw.strip().isdigit():
+            ms = int(raw.strip())
+        if ms is None or not 0 <= ms <= MAX_DEADLINE_MS:
+            raise ConfigError(f"auto_recall_deadline_ms is a whole number of milliseconds from 0 (auto-recall "
+                              f"off) to {MAX_DEADLINE_MS}, got {raw!r}")
+        return ms
+    if name == "trust_weights":
+        return _trust_weights(raw)
     if name == "max_entries":
         value: int | None = None
         if isinstance(raw, int) and not isinstance(raw, bool):
@@ -76,15 +118,10 @@ def parse_config_value(name: str, raw: Any) -> Any:
     return items
 
 
-def _half_lives(raw: Any) -> dict[str, float]:
-    """A mapping category -> half-life in days ("*": any other category, or none): a dict, its
-    JSON text, or ``fact=30,decision=365`` on the command line; ``{}`` or ``off``: no decay."""
-    rule = ('half_lives maps categories ("*": every other row) to half-lives in days, as JSON '
-            '\'{"fact": 30, "decision": 365}\' or fact=30,decision=365 (off: no decay)')
+def _mapping(raw: Any, rule: str) -> dict[Any, Any]:
+    """A dict, its JSON text, or ``a=1,b=2`` on the command line."""
     if isinstance(raw, str):
         text = raw.strip()
-        if text.lower() in ("", "off", "none"):
-            return {}
         if text.startswith("{"):
             try:
                 raw = json.loads(text)
@@ -97,6 +134,37 @@ def _half_lives(raw: Any) -> dict[str, float]:
             raw = {k.strip(): v.strip() for k, v in pairs}
     if not isinstance(raw, dict):
         raise ConfigError(f"{rule}, got {raw!r}")
+    return raw
+
+
+def _trust_weights(raw: Any) -> dict[str, float]:
+    """Weights per trust tier, 0 to 1 (0: never recalled); tiers left out keep their default."""
+    rule = ('trust_weights maps trust tiers (owner, peer, ingested, flagged) to weights from 0 to 1, as '
+            'JSON \'{"ingested": 0.5}\' or ingested=0.5,flagged=0')
+    given = _mapping(raw, rule)
+    out = dict(CONFIG_DEFAULTS["trust_weights"])
+    for tier, weight in given.items():
+        if tier not in WEIGHTED_TIERS:
+            extra = " (quarantined rows are never recalled)" if tier == "quarantined" else ""
+            raise ConfigError(f"{rule}; {tier!r} is not a weighted tier{extra}")
+        try:
+            value = float(weight) if not isinstance(weight, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not 0 <= value <= 1:
+            raise ConfigError(f"trust_weights: the weight of {tier!r} is a number from 0 to 1, got {weight!r}")
+        out[tier] = value
+    return out
+
+
+def _half_lives(raw: Any) -> dict[str, float]:
+    """A mapping category -> half-life in days ("*": any other category, or none): a dict, its
+    JSON text, or ``fact=30,decision=365`` on the command line; ``{}`` or ``off``: no decay."""
+    rule = ('half_lives maps categories ("*": every other row) to half-lives in days, as JSON '
+            '\'{"fact": 30, "decision": 365}\' or fact=30,decision=365 (off: no decay)')
+    if raw is False or (isinstance(raw, str) and raw.strip().lower() in ("", "off", "none")):
+        return {}  # False: YAML reads a bare `off` as false
+    raw = _mapping(raw, rule)
     out: dict[str, float] = {}
     for category, days in raw.items():
         if not isinstance(category, str) or not (category == "*" or _is_slug(category)):
@@ -110,6 +178,9 @@ def _half_lives(raw: Any) -> dict[str, float]:
                               f"at most {MAX_HALF_LIFE_DAYS}, got {days!r}")
         out[category] = value
     return dict(sorted(out.items()))
+
+
+_deadline_from_env()
 
 
 def _is_slug(text: str) -> bool:
@@ -204,7 +275,7 @@ class Agents:
         return Agent(name, key, db)
 
     def agent(self, name: str) -> Agent:
-        rec = self.registry.agent(name)
+        rec = self.registry.agent(name) if name else None
         if rec is None:
             known = ", ".join(r.name for r in self.registry.agents()) or "none yet"
             raise UnknownName(f"no agent named {name!r} (agents: {known}); create one with: memmesh agent new {name}")

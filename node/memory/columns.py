@@ -3,7 +3,9 @@
 A memory view numbers every well-formed memory row it holds (its *docs*, 0..n-1) and keeps
 here, per doc, the fields a filter reads: whether the row is current, its T-order height (the
 recency ranking), category, confidence, world times, the entry's timestamp, and the author and
-feed position (seq) of its entry (which decide whether the row is in an entry's causal past).
+feed position (seq) of its entry (which decide whether the row is in an entry's causal past),
+and its labels (node/memory/labels.py: the hygiene rule that flagged it, whether it holds a
+secret, whether its source is ingested text).
 Filters then cost one vectorised pass over these arrays instead of a Python call per candidate
 (:meth:`node.memory.timeline.Filters.mask`).
 
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .labels import NO_FLAG, Labels
 from .rows import Memory
 
 __all__ = ["NO_FROM", "NO_TO", "DocColumns"]
@@ -27,7 +30,8 @@ NO_TO = 1 << 62
 
 _ARRAYS = (("height", np.float64, 0), ("current", np.bool_, False), ("category", np.int32, -1),
            ("confidence", np.int8, 0), ("valid_from", np.int64, NO_FROM), ("valid_to", np.int64, NO_TO),
-           ("ts", np.int64, 0), ("author", np.int32, -1), ("seq", np.int64, -1))
+           ("ts", np.int64, 0), ("author", np.int32, -1), ("seq", np.int64, -1),
+           ("flag", np.int8, NO_FLAG), ("secret", np.bool_, False), ("ingested", np.bool_, False))
 
 
 class DocColumns:
@@ -42,6 +46,9 @@ class DocColumns:
     ts: np.ndarray
     author: np.ndarray
     seq: np.ndarray
+    flag: np.ndarray
+    secret: np.ndarray
+    ingested: np.ndarray
 
     def __init__(self) -> None:
         self.n = 0
@@ -68,7 +75,7 @@ class DocColumns:
             category = self.categories.setdefault(m.category, len(self.categories))
         return category, self.authors.setdefault(m.author, len(self.authors))
 
-    def append(self, m: Memory, seq: int) -> int:
+    def append(self, m: Memory, seq: int, labels: Labels) -> int:
         """The next doc, for memory ``m`` of an entry at feed position ``seq``."""
         doc = self.n
         self._reserve(doc + 1)
@@ -82,10 +89,13 @@ class DocColumns:
         self.ts[doc] = m.ts
         self.author[doc] = author
         self.seq[doc] = seq
+        self.flag[doc] = labels.flag_id
+        self.secret[doc] = labels.secret is not None
+        self.ingested[doc] = labels.ingested
         self.n = doc + 1
         return doc
 
-    def extend(self, mems: Sequence[Memory], seqs: Sequence[int]) -> None:
+    def extend(self, mems: Sequence[Memory], seqs: Sequence[int], labels: Sequence[Labels]) -> None:
         """``append`` of each memory in turn, in bulk."""
         first, count = self.n, len(mems)
         self._reserve(first + count)
@@ -100,6 +110,9 @@ class DocColumns:
         self.ts[first:end] = [m.ts for m in mems]
         self.author[first:end] = [a for _c, a in ids]
         self.seq[first:end] = seqs
+        self.flag[first:end] = [lab.flag_id for lab in labels]
+        self.secret[first:end] = [lab.secret is not None for lab in labels]
+        self.ingested[first:end] = [lab.ingested for lab in labels]
         self.n = end
 
     def nbytes(self) -> int:

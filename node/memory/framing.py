@@ -3,8 +3,9 @@ it, and its size budget.
 
 The block goes straight into a model's context, so a memory is an injection channel. Its
 structure is fixed: the heading, a blank line, the frame sentence (memories are data, not
-instructions), a blank line, one line per memory, and at most one closing line counting the
-memories left out. :func:`neutralise` makes sure no key or value can change that structure:
+instructions), a blank line, one line per memory, at most one line naming the stores that were
+not searched this turn (they missed auto-recall's deadline), and at most one closing line
+counting the memories left out. :func:`neutralise` makes sure no key or value can change that structure:
 line breaks inside it become spaces (so a memory is exactly one line, which starts with
 ``- **``), and markers that would read as structure or as a chat turn are escaped with a
 backslash, so they stay readable to the model but are no longer the marker. A pattern
@@ -86,6 +87,11 @@ def memory_line(key: str, value: str, bank: str | None) -> str:
     return text
 
 
+def missing_line(missing: Sequence[str]) -> str:
+    """The line naming the stores that missed the deadline (their names neutralised)."""
+    return "_Not searched this turn (over the time limit): " + ", ".join(neutralise(m) for m in missing) + "_"
+
+
 def closing_line(left_out: int) -> str:
     noun = "memory" if left_out == 1 else "memories"
     return f"... {left_out} more {noun} not shown; use {RECALL_TOOL}"
@@ -98,19 +104,23 @@ class Block:
     left_out: int  # lines that did not fit (counted by the closing line)
 
 
-def _assemble(lines: Sequence[str], left_out: int) -> str:
-    body = list(lines) + ([closing_line(left_out)] if left_out else [])
+def _assemble(lines: Sequence[str], left_out: int, note: str | None) -> str:
+    body = list(lines) + ([note] if note else []) + ([closing_line(left_out)] if left_out else [])
     return f"{HEADING}\n\n{FRAME}\n\n" + "\n".join(body) + "\n"
 
 
-def fit(lines: Sequence[str], budget: int) -> Block:
+def fit(lines: Sequence[str], budget: int, missing: Sequence[str] = ()) -> Block:
     """The block of the longest prefix of ``lines`` that fits ``budget`` characters with the
     closing line for the rest. Lines keep their order (rank and scope precedence): a shorter
-    line further down is not shown ahead of a longer one above it. Nothing fits: empty."""
+    line further down is not shown ahead of a longer one above it. ``missing``: stores not
+    searched this turn, named in one line that every non-empty block holds. Nothing fits:
+    empty."""
     n = len(lines)
-    if n == 0:
+    note = missing_line(missing) if missing else None
+    if n == 0 and note is None:
         return Block("", 0, 0)
-    fixed = len(HEADING) + 2 + len(FRAME) + 2  # heading, blank line, frame, blank line
+    # heading, blank line, frame, blank line (and the note with its newline)
+    fixed = len(HEADING) + 2 + len(FRAME) + 2 + (len(note) + 1 if note else 0)
     used = 0  # characters of the first k lines, each with its newline
     best: Block | None = None
     for k in range(n + 1):
@@ -118,10 +128,10 @@ def fit(lines: Sequence[str], budget: int) -> Block:
             used += len(lines[k - 1]) + 1
         rest = n - k
         size = fixed + used + (len(closing_line(rest)) + 1 if rest else 0)
-        if k == 0 and rest and size <= budget:
-            best = Block(_assemble([], rest), 0, rest)
+        if k == 0 and (rest or note) and size <= budget:
+            best = Block(_assemble([], rest, note), 0, rest)
         elif k and size <= budget:
-            best = Block(_assemble(lines[:k], rest), k, rest)
+            best = Block(_assemble(lines[:k], rest, note), k, rest)
         elif k and fixed + used > budget:
             break  # longer prefixes only grow
     return best if best is not None else Block("", 0, 0)

@@ -18,6 +18,9 @@ Rules (docs/memory.md, "Neighbors"):
   the agent's key Read. An edge into any other database is listed under ``unreachable`` and
   never followed: that database is not read at all, so nothing about its content (not even
   whether the key exists) leaks. Backlinks come only from readable databases.
+* **Hidden rows.** A row an active quarantine covers is not a node, and neither is a row
+  holding a secret unless the agent's config sets ``include_secrets`` (as for recall): a
+  hidden row is "missing" where a link names it, and its links are not followed.
 * **Depth** d (1-3): every memory at most d links away, each at its shortest distance, with
   the links that reach it from the memories one step closer. Deterministic order: depth, then
   bank name, then key; links and the other lists sorted likewise, so the same entries give the
@@ -33,10 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from auth.permissions import holds
 from crdt.database import Database
+from node.memory.agents import agent_state
 from node.memory.backlinks import split_target
 from node.memory.rows import SUPERSEDES, Memory
 from node.memory.timeline import Filters
 from node.registry import NameError_, UnknownName
+from node.settings import memory_defaults
 
 if TYPE_CHECKING:
     from node.memory.agents import Agent
@@ -78,10 +83,12 @@ class _Found:
 class _Graph:
     """One call's view of the graph: readable databases, their current rows, the backlinks."""
 
-    def __init__(self, service: MemoryService, agent: Agent, now: int, names: dict[str, str]) -> None:
+    def __init__(self, service: MemoryService, agent: Agent, now: int, names: dict[str, str],
+                 include_secrets: bool) -> None:
         self._service = service
         self._agents = service.agents
-        self._keep = Filters(now=now).keep
+        by_time = Filters(now=now).keep
+        self._keep_in = lambda db, m: by_time(m) and service.view(db).visible(m, include_secrets=include_secrets)
         self._resolved: dict[str, str | None] = {}
         self._names: dict[str, str] = {agent.db.id: agent.name, **names}
         self._readable: dict[str, Database] = {agent.db.id: agent.db}
@@ -107,8 +114,9 @@ class _Graph:
         return db_id in self._hosted
 
     def current(self, ref: Ref) -> Memory | None:
-        m = self._service.view(self._readable[ref.db]).current(ref.key)
-        return m if m is not None and self._keep(m) else None
+        db = self._readable[ref.db]
+        m = self._service.view(db).current(ref.key)
+        return m if m is not None and self._keep_in(db, m) else None
 
     def _resolve(self, bank: str) -> str | None:
         if bank not in self._resolved:
@@ -137,7 +145,7 @@ class _Graph:
             out = []
             for db_id, db in self._readable.items():
                 for m in self._service.view(db).linking_to(ref.key):
-                    if self._keep(m):
+                    if self._keep_in(db, m):
                         out += [link for link in self.links_of(db_id, m) if link.target == ref]
             self._backlinks[ref] = out
         return self._backlinks[ref]
@@ -148,7 +156,8 @@ def neighbors(service: MemoryService, agent: Agent, key: str, bank: str | None,
     """The neighbors tool's result (arguments already checked by its model); ``now``: the
     caller's clock in ms, which only hides facts whose ``valid_to`` has passed."""
     target = service.agents.open_for(agent, bank, "read")  # AuthError when the agent may not read it
-    graph = _Graph(service, agent, now, {target.db.id: target.name})
+    config = agent_state(agent.db, memory_defaults(service.agents.home)).config
+    graph = _Graph(service, agent, now, {target.db.id: target.name}, bool(config["include_secrets"]))
     start = Ref(target.db.id, key)
     if graph.current(start) is None:
         raise NoSuchMemory(f"no current memory {key!r} in bank {target.name}; recall lists the memories there")

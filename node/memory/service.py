@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -21,6 +24,7 @@ from node.memory.agents import Agent, Agents, agent_state
 from node.memory.embedders import Embedder, EmbedderError
 from node.memory.framing import DEFAULT_CONTEXT_WINDOW, budget_chars, fit, memory_line
 from node.memory.fusion import decay_factor, decayed
+from node.memory.labels import Labels, labels_of, tier
 from node.memory.graph import neighbors
 from node.memory.rows import MEMORY_STORE, embedding_value, memory_value
 from node.memory.saving import plan_write
@@ -34,6 +38,44 @@ from node.settings import applied, memory_defaults
 log = logging.getLogger(__name__)
 
 NO_MEMORIES = "No memories found"
+OWN_MEMORY = "own memory"  # how a missed deadline names the agent's own database
+SEARCH_THREADS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A recall hit: the memory, the score that ranked it (times its trust weight and age
+    decay), its trust tier for the reading agent, and its labels."""
+
+    memory: Any
+    score: float
+    trust: str
+    labels: Labels
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"trust": self.trust}
+        if self.labels.flag is not None:
+            out["flagged"] = self.labels.flag
+        if self.labels.secret is not None:
+            out["secret"] = self.labels.secret
+        return out
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How one agent's recall ranks and filters (from its memory config)."""
+
+    reader: str | None = None  # the agent's public key: its rows are "owner"
+    weights: dict[str, float] | None = None  # None: every tier weighs 1
+    half_lives: dict[str, float] | None = None
+    include_secrets: bool = True
+    hide_flagged: bool = False
+
+    @classmethod
+    def of(cls, agent: Agent, config: dict[str, Any], *, auto: bool = False) -> "Ranking":
+        """``auto``: for auto-recall, which never shows flagged rows or secrets."""
+        return cls(str(agent.key.public), dict(config["trust_weights"]), dict(config["half_lives"]),
+                   include_secrets=False if auto else bool(config["include_secrets"]), hide_flagged=auto)
 
 
 def perm_name(perm: Permission | None) -> str:
@@ -46,11 +88,34 @@ class MemoryService:
         self.embedder = embedder
         self._views: dict[str, MemoryView] = {}
         self.access = AccessCounts(agents.home.storage)
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: dict[str, Future] = {}  # db id -> its auto-recall search still running
+
+    @property
+    def serving(self) -> bool:
+        """Under serve, an index is built on a search thread, never on the database thread."""
+        network = getattr(self.agents.home, "network", None)
+        return network is not None and network.db is not None
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         for view in self._views.values():
             view.close()
         self._views.clear()
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(SEARCH_THREADS, thread_name_prefix="memmesh-recall")
+        return self._pool
+
+    def warm(self, db_ids: Sequence[str]) -> None:
+        """Build these databases' indexes on the search threads (serve, at start)."""
+        for db_id in db_ids:
+            view = self.view(self.agents.home.database(db_id))
+            if not view.loaded:
+                self._inflight[db_id] = self._threads().submit(view.load)
 
     # ------------------------------------------------------------------ views
     def view(self, db: Database) -> MemoryView:
@@ -62,7 +127,7 @@ class MemoryService:
                 # Only a size known without a network call: a view must open even when a
                 # remote embedder is down.
                 dim = self.embedder.known_dim if hasattr(self.embedder, "known_dim") else self.embedder.dim
-            view = self._views[db.id] = MemoryView(db, embedding_store=store, dim=dim)
+            view = self._views[db.id] = MemoryView(db, embedding_store=store, dim=dim, lazy=self.serving)
         return view
 
     def _embed(self, text: str, warnings: list[str], when: str) -> np.ndarray | None:
@@ -91,7 +156,17 @@ class MemoryService:
                     "embedded": False, "warnings": [], "deduplicated": True, "merged_into": plan.current.key}
         row = plan.row
         warnings: list[str] = []
-        vector = self._embed(f"{row['key']} {row['value']}", warnings, "write")
+        labels = labels_of(row["key"], row["value"], row["tags"], row.get("source"))
+        if labels.secret is not None:
+            what = "is tagged contains-secrets" if labels.secret == "tagged" else f"holds a credential ({labels.secret})"
+            warnings.append(f"this memory {what}: stored without a vector; never auto-recalled, and recall returns "
+                            "it only to an agent whose config sets include_secrets")
+            vector = None
+        else:
+            vector = self._embed(f"{row['key']} {row['value']}", warnings, "write")
+        if labels.flag is not None:
+            warnings.append(f"this memory reads like an instruction to the assistant (rule {labels.flag}): stored and "
+                            "flagged; never auto-recalled, and recall shows it with the flag")
         txn = target.db.transaction(agent.key)
         row_key = txn.append(MEMORY_STORE, row)
         if vector is not None and self.embedder is not None:
@@ -104,6 +179,8 @@ class MemoryService:
             "entry": entry_id,
             "embedded": vector is not None,
             "warnings": warnings,
+            **({"flagged": labels.flag} if labels.flag is not None else {}),
+            **({"secret": labels.secret} if labels.secret is not None else {}),
             **({"merged": True} if plan.merged else {}),
             **({"supersedes": plan.superseded} if plan.superseded else {}),
         }
@@ -125,14 +202,14 @@ class MemoryService:
         warnings: list[str] = []
         if filters is None:
             filters = Filters(now=_now_ms())
-        half_lives = agent_state(agent.db, memory_defaults(self.agents.home)).config["half_lives"]
+        ranking = Ranking.of(agent, agent_state(agent.db, memory_defaults(self.agents.home)).config)
         found = self._search(target.db, query, tags, limit, warnings, include_superseded, filters=filters,
-                             half_lives=half_lives)
-        counted = self.access.record([(target.db.id, m.key) for m in found], "recall") if count else {}
+                             ranking=ranking)
+        counted = self.access.record([(target.db.id, f.memory.key) for f in found], "recall") if count else {}
         view = self.view(target.db)
-        memories = [{**m.to_dict(target.name), **view.relations(m, filters.as_known_at),
-                     **(counted.get((target.db.id, m.key)) or self.access.get(target.db.id, m.key)).fields()}
-                    for m in found]
+        memories = [{**f.memory.to_dict(target.name), **f.fields(), **view.relations(f.memory, filters.as_known_at),
+                     **(counted.get((target.db.id, f.memory.key)) or self.access.get(target.db.id, f.memory.key)).fields()}
+                    for f in found]
         if memories:
             message = f"Found {len(memories)} memor{'y' if len(memories) == 1 else 'ies'}"
         else:
@@ -146,27 +223,58 @@ class MemoryService:
 
     def _search(self, db: Database, query: str, tags: Sequence[str], limit: int,
                 warnings: list[str], include_superseded: bool = False,
-                vectors: dict[str, np.ndarray | None] | None = None, with_scores: bool = False,
-                filters: Filters | None = None, half_lives: dict[str, float] | None = None):
-        """Recall in one database. ``vectors`` caches the query's embedding across the
-        databases of one call (auto-recall searches several), so it is computed once.
-        ``half_lives``: the agent's age decay per category (empty: none), at ``filters.now``."""
+                filters: Filters | None = None, ranking: Ranking = Ranking()) -> list[Found]:
+        """Recall in one database, best first."""
         view = self.view(db)
         vector = None
         if query.strip() and view.has_vectors():
-            cache = vectors if vectors is not None else {}
-            if query not in cache:
-                cache[query] = self._embed(query, warnings, "read")
-            vector = cache[query]
-        if not half_lives:
-            return view.recall(query, tags=tags, limit=limit, query_vector=vector,
-                               include_superseded=include_superseded, with_scores=with_scores, filters=filters)
-        # Age decay only lowers scores: re-rank the best MAX_LIMIT candidates and keep ``limit``.
+            vector = self._embed(query, warnings, "read")
+        return self._ranked(view, query, tags, limit, vector, include_superseded, filters, ranking)
+
+    def _ranked(self, view: MemoryView, query: str, tags: Sequence[str], limit: int,
+                vector: np.ndarray | None, include_superseded: bool, filters: Filters | None,
+                ranking: Ranking) -> list[Found]:
+        """The view's ranking times each row's trust weight and age decay (docs/memory.md, "Trust
+        tiers", "Age decay"). Both only lower scores, so they re-rank the best MAX_LIMIT
+        candidates; when every candidate would weigh 1 the view's own ranking is the answer."""
+        args = dict(tags=tags, query_vector=vector, include_superseded=include_superseded, with_scores=True,
+                    filters=filters, include_secrets=ranking.include_secrets, hide_flagged=ranking.hide_flagged)
+        if not self._reweighs(view, ranking):
+            return [self._found(view, m, score, ranking) for m, score in view.recall(query, limit=limit, **args)]
         now = filters.now if filters is not None and filters.now is not None else _now_ms()
-        hits = view.recall(query, tags=tags, limit=MAX_LIMIT, query_vector=vector,
-                           include_superseded=include_superseded, with_scores=True, filters=filters)
-        ranked = decayed(hits, lambda m: decay_factor(now - m.ts, half_life(m, half_lives)))[:limit]
-        return ranked if with_scores else [m for m, _score in ranked]
+        found = [self._found(view, m, score, ranking) for m, score in view.recall(query, limit=MAX_LIMIT, **args)]
+        weights = ranking.weights or {}
+        half_lives = ranking.half_lives or {}
+
+        def factor(f: Found) -> float:
+            weight = weights.get(f.trust, 1.0)
+            return weight * decay_factor(now - f.memory.ts, half_life(f.memory, half_lives)) if half_lives else weight
+
+        out = []
+        for f, score in decayed([(f, f.score) for f in found], factor):
+            if factor(f) > 0:  # a weight of 0: never recalled
+                out.append(Found(f.memory, score, f.trust, f.labels))
+            if len(out) == limit:
+                break
+        return out
+
+    @staticmethod
+    def _found(view: MemoryView, m: Any, score: float, ranking: Ranking) -> Found:
+        labels, quarantined = view.labels(m)
+        return Found(m, score, tier(m.author, labels, ranking.reader, quarantined), labels)
+
+    @staticmethod
+    def _reweighs(view: MemoryView, ranking: Ranking) -> bool:
+        if ranking.half_lives:
+            return True
+        w = ranking.weights
+        if not w:
+            return False
+        if w.get("owner", 1.0) != 1.0 or w.get("peer", 1.0) != 1.0:
+            return True
+        present = view.weighted_tiers_present()
+        return (present["ingested"] and w.get("ingested", 1.0) != 1.0) or (
+            present["flagged"] and not ranking.hide_flagged and w.get("flagged", 1.0) != 1.0)
 
     def neighbors(self, agent: Agent, key: str, bank: str | None = None, types: Sequence[str] = (),
                   depth: int = 1, now: int | None = None) -> dict[str, Any]:
@@ -213,54 +321,124 @@ class MemoryService:
 
     def auto_recall_lines(self, agent: Agent, messages: Sequence[str], session: str | None = None,
                           count: bool = True, context_window: int = DEFAULT_CONTEXT_WINDOW,
-                          ) -> tuple[str, list[dict[str, Any]], int]:
+                          now: int | None = None) -> tuple[str, list[dict[str, Any]], int]:
         """The Relevant Memories block, per line of it where it came from: the line's text
         (as in the block), the memory's key, the bank (None: the agent's own memory), the
-        database and the score that ranked it there (scores compare within one store only),
-        and how many lines did not fit the budget of ``context_window`` (tokens; node/memory/
-        framing.py), which the block's closing line counts. ``count``: count the lines shown
-        as injections (False for a preview that no model sees); lines left out are not."""
+        database, the score that ranked it there (scores compare within one store only) and
+        its trust tier, and how many lines did not fit the budget of ``context_window``
+        (tokens; node/memory/framing.py), which the block's closing line counts. ``count``:
+        count the lines shown as injections (False for a preview that no model sees); lines
+        left out are not. ``now`` (ms): the caller's clock, for age decay and expired facts.
+
+        The stores are searched at once on the search threads, and the call waits for them
+        until the agent's ``auto_recall_deadline_ms``; a store still searching then is named in
+        the block as not searched this turn (its search finishes in the background, so its
+        index is ready next time), never waited for. Flagged rows and secrets are never shown."""
+        return self.auto_recall_result(agent, messages, session, count=count, context_window=context_window,
+                                       now=now)[:3]
+
+    def auto_recall_result(self, agent: Agent, messages: Sequence[str], session: str | None = None,
+                           count: bool = True, context_window: int = DEFAULT_CONTEXT_WINDOW,
+                           now: int | None = None) -> tuple[str, list[dict[str, Any]], int, list[str]]:
+        """:meth:`auto_recall_lines` and the names of the stores that missed the deadline."""
+        start = time.monotonic()  # the deadline covers the whole call, reading the config included
         state = agent_state(agent.db, memory_defaults(self.agents.home))
-        if not state.config["auto_recall_enabled"]:
-            return "", [], 0
+        deadline_ms = int(state.config["auto_recall_deadline_ms"])
+        if not state.config["auto_recall_enabled"] or deadline_ms == 0:
+            return "", [], 0, []
         tokens = autorecall_query_tokens(list(messages)) if messages else []
         if not tokens:
-            return "", [], 0
+            return "", [], 0, []
         query = " ".join(tokens)
         limit = int(state.config["max_entries"])
-        now = _now_ms()
+        now = _now_ms() if now is None else now
+        ranking = Ranking.of(agent, state.config, auto=True)
         warnings: list[str] = []
-        lines: list[dict[str, Any]] = []
-        vectors: dict[str, np.ndarray | None] = {}
-        # Scope precedence (node/memory/scope.py): stores closest first, and a memory key shown
-        # from a closer store is not shown again; a store is asked for as many more as it may
-        # lose that way, so it still fills its max_entries with other keys.
-        shown: set[str] = set()
-
-        def add(db: Database, bank: str | None) -> None:
-            hits = self._search(db, query, (), min(limit + len(shown), MAX_LIMIT), warnings,
-                                vectors=vectors, with_scores=True, filters=Filters(now=now),
-                                half_lives=state.config["half_lives"])
-            fresh = [(m, score) for m, score in hits if m.key not in shown][:limit]
-            for m, score in fresh:
-                lines.append({"text": memory_line(m.key, m.value, bank), "key": m.key, "bank": bank, "db": db.id,
-                              "score": score})
-            shown.update(m.key for m, _score in fresh)
-
-        add(agent.db, None)
+        stores: list[tuple[Database, str | None]] = [(agent.db, None)]
         for db_id in self._recall_banks(agent, state, session):
             try:
                 target = self.agents.open_for(agent, db_id, "read")
             except (AuthError, NameError_):
                 continue  # banks the agent cannot open (or no longer knows) are skipped silently
-            add(target.db, target.name)
-        if not lines:
-            return "", [], 0
-        block = fit([line["text"] for line in lines], budget_chars(context_window))
+            stores.append((target.db, target.name))
+        found, missed = self._search_all(stores, query, limit, ranking, Filters(now=now), start + deadline_ms / 1000,
+                                         deadline_ms / 1000, warnings)
+        # Scope precedence (node/memory/scope.py): stores closest first, and a memory key shown
+        # from a closer store is not shown again; a store was asked for as many more as it may
+        # lose that way (limit per closer store), so it still fills its max_entries.
+        lines: list[dict[str, Any]] = []
+        shown_keys: set[str] = set()
+        for (db, bank), hits in zip(stores, found):
+            fresh = [f for f in hits if f.memory.key not in shown_keys][:limit]
+            for f in fresh:
+                lines.append({"text": memory_line(f.memory.key, f.memory.value, bank), "key": f.memory.key,
+                              "bank": bank, "db": db.id, "score": f.score, "trust": f.trust})
+            shown_keys.update(f.memory.key for f in fresh)
+        missing = [agent.name + " (" + OWN_MEMORY + ")" if bank is None else bank
+                   for (db, bank), miss in zip(stores, missed) if miss]
+        if not lines and not missing:
+            return "", [], 0, []
+        block = fit([line["text"] for line in lines], budget_chars(context_window), missing=missing)
         shown = lines[:block.shown]
         if count and shown:
             self.access.record([(line["db"], line["key"]) for line in shown], "injection")
-        return block.text, shown, block.left_out
+        return block.text, shown, block.left_out, missing
+
+    def _search_all(self, stores: Sequence[tuple[Database, str | None]], query: str, limit: int,
+                    ranking: Ranking, filters: Filters, until: float, deadline_s: float,
+                    warnings: list[str]) -> tuple[list[list[Found]], list[bool]]:
+        """Each store's hits (empty for a store that missed), and which missed the deadline
+        (``until``, monotonic seconds; ``deadline_s`` for a one-shot process, see below)."""
+        views = [self.view(db) for db, _bank in stores]
+        if not self.serving:
+            # A one-shot process has nothing to do but this call: its indexes are built first,
+            # and the deadline is for the searches.
+            for view in views:
+                if not view.loaded:
+                    view.load()
+            until = time.monotonic() + deadline_s
+        pool = self._threads()
+        vector: Future | None = None
+        if self.embedder is not None and any(v.loaded and v.has_vectors() for v in views):
+            vector = pool.submit(self._embed, query, warnings, "read")
+        futures: list[Future | None] = []
+        for i, ((db, _bank), view) in enumerate(zip(stores, views)):
+            running = self._inflight.get(db.id)
+            if running is not None and not running.done():
+                futures.append(None)  # still busy since an earlier turn: not asked again
+                continue
+            n = min(limit * (i + 1), MAX_LIMIT)
+            fut = pool.submit(self._store_search, view, query, n, vector, until, filters, ranking)
+            self._inflight[db.id] = fut
+            futures.append(fut)
+        found: list[list[Found]] = []
+        missed: list[bool] = []
+        for fut in futures:
+            hits = None
+            if fut is not None:
+                try:
+                    hits = fut.result(timeout=max(0.0, until - time.monotonic()))
+                except FutureTimeout:
+                    hits = None
+            found.append(hits or [])
+            missed.append(hits is None)
+        return found, missed
+
+    def _store_search(self, view: MemoryView, query: str, n: int, vector: Future | None, until: float,
+                      filters: Filters, ranking: Ranking) -> list[Found] | None:
+        """One store's auto-recall search on a search thread; None if it could not start in
+        time (another call holds the view). Once started it runs to the end, so a late store's
+        index is built for the next turn."""
+        with view.held(until - time.monotonic()) as got:
+            if not got:
+                return None
+            qv = None
+            if vector is not None and view.has_vectors():
+                try:
+                    qv = vector.result(timeout=max(0.0, until - time.monotonic()))
+                except FutureTimeout:
+                    qv = None  # the embedder is slower than the deadline: BM25 only this turn
+            return self._ranked(view, query, (), n, qv, False, filters, ranking)
 
     def _recall_banks(self, agent: Agent, state, session: str | None) -> list[str]:
         """The banks auto-recall searches, closest first (node/memory/scope.py)."""

@@ -82,16 +82,34 @@ As known at an entry (``Filters.as_known_at``, node.memory.timeline)
     history's index as ``as_of`` is; ``relations`` answer within that past too. The masks of an
     entry's past are kept for the few entries last asked about, until the next row arrives.
 
-Not thread-safe: the caller serialises access to the view and to its database.
+Labels and visibility (node/memory/labels.py)
+    Each doc's labels (the hygiene rule that flagged it, a secret, an ingested source) are
+    computed once, when it is indexed, and kept as columns. The bank's quarantines
+    (node/memory/quarantine.py) are read when a ``quarantine`` row arrives and applied to every
+    query as a mask over the writers' columns: a quarantined row is never a candidate, in any
+    call (recall, auto-recall, neighbours, listing), and lifting the quarantine restores exactly
+    the earlier answers, since nothing else changed. ``recall`` hides flagged rows and secrets
+    when asked (auto-recall, and recall without ``include_secrets``).
+
+Threads
+    The public methods take the view's lock. Auto-recall searches several views at once from a
+    pool of threads while the database thread goes on (node/memory/service.py), so a database
+    event may arrive while another thread holds the lock: it is queued and applied, in order,
+    by whoever holds the lock next, before that call reads anything. The event handler never
+    waits, so a long search never blocks a database write. The caller still serialises access
+    to the database itself (the database thread).
 """
 from __future__ import annotations
 
+import functools
 import gc
 import logging
-from collections.abc import Iterator, Sequence
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -101,6 +119,8 @@ from .backlinks import Backlinks
 from .bm25 import InvertedIndex, Subset, _release_freed_memory
 from .columns import DocColumns
 from .fusion import RRF_K, rank_candidates, rrf
+from .labels import FLAG_NAMES, NO_FLAG, Labels, row_labels
+from .quarantine import QUARANTINE_STORE, Quarantine, hidden_mask, quarantines
 from .rows import (
     MEMORY_STORE,
     SUPERSEDES,
@@ -130,6 +150,22 @@ _EMPTY: frozenset[int] = frozenset()
 _NEVER: Order = (-1, "", -1)  # before every row in T order
 _NO_FILTERS = Filters()
 _PAST_CACHE = 8  # pasts kept: two boolean arrays each (over docs, over timeline items)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(fn: F) -> F:
+    """A public method of MemoryView: under the view's lock, after the queued events."""
+    @functools.wraps(fn)
+    def wrapper(self: "MemoryView", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self._drain()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                self._drain()
+    return wrapper  # type: ignore[return-value]
 
 
 @contextmanager
@@ -165,10 +201,21 @@ class _Index:
         self.old_vectors: dict[int, VectorIndex] = {}  # vector length -> the other docs' vectors
         self.vec_order: dict[tuple[int, int], Order] = {}  # (doc, length) -> order of its row
         self.links = Backlinks()
+        self.secret_of: dict[int, str] = {}  # doc -> why it is a secret (few docs)
+        self.flagged = 0  # docs with a hygiene flag
+        self.ingested = 0  # docs of an ingested source
+
+    def _count(self, doc: int, labels: Labels) -> None:
+        if labels.secret is not None:
+            self.secret_of[doc] = labels.secret
+        self.flagged += labels.flag is not None
+        self.ingested += labels.ingested
 
     # ------------------------------------------------------------------ docs
     def add(self, m: Memory, seq: int) -> int:
-        doc = self.cols.append(m, seq)
+        labels = row_labels(m)
+        doc = self.cols.append(m, seq, labels)
+        self._count(doc, labels)
         self.mem.append(m)
         self.row_doc[m.row_key] = doc
         self.tiebreak.append(order_desc_key(m.order))
@@ -181,7 +228,11 @@ class _Index:
         """``add`` of each memory in turn (docs n, n + 1, ...), in bulk."""
         first = self.cols.n
         docs = range(first, first + len(mems))
-        self.cols.extend(mems, seqs)
+        labels = [row_labels(m) for m in mems]
+        self.cols.extend(mems, seqs, labels)
+        for doc, lab in zip(docs, labels):
+            if lab.secret is not None or lab.flag is not None or lab.ingested:
+                self._count(doc, lab)
         self.mem.extend(mems)
         self.row_doc.update(zip((m.row_key for m in mems), docs))
         self.tiebreak.extend(order_desc_key(m.order) for m in mems)
@@ -334,14 +385,21 @@ class _Past:
 class MemoryView:
     """Incremental recall index over one Database (its `memory` store and one embeddings store)."""
 
-    def __init__(self, db: Database, *, embedding_store: str | None = None, dim: int | None = None) -> None:
+    def __init__(self, db: Database, *, embedding_store: str | None = None, dim: int | None = None,
+                 lazy: bool = False) -> None:
+        """``lazy``: build the index on first use, not here (a serving node builds it on a
+        search thread, not on the database thread)."""
         self._db = db
         self._store = _check_store(embedding_store)
         self._dim = _check_dim(dim)
         self._stale = True
+        self._lock = threading.RLock()
+        self._backlog: deque[RowsAdded | Rebuilt] = deque()
         self._reset()
         db.subscribe(self._on_event)
-        self._rebuild()
+        if not lazy:
+            with self._lock:
+                self._rebuild()
 
     # --------------------------------------------------------------------------- public
     def close(self) -> None:
@@ -356,6 +414,31 @@ class MemoryView:
     def embedding_store(self) -> str | None:
         return self._store
 
+    @contextmanager
+    def held(self, timeout: float) -> Iterator[bool]:
+        """The view's lock for a caller that gives up after ``timeout`` seconds (it yields
+        whether it got the lock; the queued events are applied once it has it)."""
+        got = self._lock.acquire(timeout=max(0.0, timeout))
+        try:
+            if got:
+                self._drain()
+            yield got
+        finally:
+            if got:
+                self._drain()
+                self._lock.release()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the index is built (a call will not have to rebuild it first)."""
+        return not self._stale
+
+    @_locked
+    def load(self) -> None:
+        """Build the index now if it is not built."""
+        self._current_index()
+
+    @_locked
     def set_embedding_store(self, store: str | None, *, dim: int | None = None) -> None:
         """Switch the active model: rebuild the vector index from ``store`` (None: no vectors)."""
         self._store = _check_store(store)
@@ -364,6 +447,7 @@ class MemoryView:
             self._load_vectors()
             _release_freed_memory()
 
+    @_locked
     def recall(
         self,
         query: str = "",
@@ -374,9 +458,13 @@ class MemoryView:
         include_superseded: bool = False,
         with_scores: bool = False,
         filters: Filters | None = None,
+        include_secrets: bool = True,
+        hide_flagged: bool = False,
     ) -> list[Memory] | list[tuple[Memory, float]]:
         """Best-first memories for ``query`` (see the module docstring for the exact rules);
         ``with_scores``: (memory, score) pairs, the score that ranked it (BM25, or RRF when fused).
+        Quarantined rows are never candidates; ``include_secrets`` False leaves out rows holding
+        a secret, ``hide_flagged`` rows the instruction detector flagged.
 
         ``filters`` (node.memory.timeline): category, min_confidence, a period, the caller's
         now; with ``as_of``, the candidates are the rows that held then (one per key at most),
@@ -414,26 +502,33 @@ class MemoryView:
             kept = filters.mask(ix.cols)
             if kept is not None:
                 mask = kept if mask is None else mask & kept
+        shown = self._shown_mask(include_secrets, hide_flagged)
+        if shown is not None:
+            mask = shown if mask is None else mask & shown
         hits = ix.rank(tokens, need, int(limit), qv, history, mask)
         return hits if with_scores else [m for m, _score in hits]
 
+    @_locked
     def current(self, key: str) -> Memory | None:
         """The current row of a memory key (newest in T order, not retired), or None."""
         ix = self._current_index()
         doc = self._current.get(key)
         return None if doc is None else ix.mem[doc]
 
+    @_locked
     def timeline(self, key: str) -> list[Memory]:
         """The key's rows and the tombstones naming it, newest first in T order."""
         self._current_index()
         rows = self._history.get(key, []) + self._tombs.get(key, [])
         return sorted(rows, key=lambda m: m.order, reverse=True)
 
+    @_locked
     def held_at(self, t: int) -> list[Memory]:
         """Per key, the row that held at world time ``t`` (node.memory.timeline.held_at)."""
         ix = self._current_index()
         return [ix.mem[d] for d in np.sort(self._times.held(t)).tolist()]
 
+    @_locked
     def past(self, entry_id: str) -> _Past:
         """The store as the causal past of ``entry_id`` (an entry of this database) knew it;
         MemoryInputError if the database holds no such entry."""
@@ -455,13 +550,18 @@ class MemoryView:
             self._pasts.pop(next(iter(self._pasts)))
         return cached
 
+    @_locked
     def relations(self, m: Memory, as_known_at: str | None = None) -> dict[str, Any]:
         """``superseded_by`` (the next row of m's timeline, when m is not current) and
         ``conflicts`` (rows of m's key concurrent with m: neither entry in the other's causal
         past), as result fields; empty when there are none. With ``as_known_at``: within the
         causal past of that entry."""
         out: dict[str, Any] = {}
+        hidden = self._hidden_mask()
         timeline = self.timeline(m.key)
+        if hidden is not None:  # a quarantined row is named nowhere, not even as a conflict
+            row_doc = self._ix.row_doc
+            timeline = [r for r in timeline if not hidden[row_doc[r.row_key]]]
         if as_known_at is None:
             current = self.current(m.key)
         else:
@@ -485,37 +585,106 @@ class MemoryView:
             out["conflicts"] = conflicts
         return out
 
+    @_locked
     def linking_to(self, key: str) -> list[Memory]:
         """Current memories with a link (an edge other than ``supersedes``) that may name
         ``key``: its ``to`` is ``key`` or ends in ``:key``; the caller resolves the bank."""
         ix = self._current_index()
         return [ix.mem[d] for d in sorted(ix.links.docs(key))]
 
+    @_locked
     def memories(self, *, include_superseded: bool = False) -> list[Memory]:
         """Current memories (every well-formed row with include_superseded), newest first."""
         ix = self._current_index()
         mems = ix.mem if include_superseded else [ix.mem[d] for d in self._current.values()]
         return sorted(mems, key=lambda m: m.order, reverse=True)
 
+    @_locked
     def missing_vectors(self) -> list[Memory]:
-        """Current memories with no vector in the active embeddings store, newest first."""
+        """Current memories with no vector in the active embeddings store, newest first; rows
+        holding a secret are never embedded, so they are never missing one."""
         ix = self._current_index()
-        docs = self._current.values()
+        docs = [d for d in self._current.values() if d not in ix.secret_of]
         out = [ix.mem[d] for d in docs] if self._store is None else [
             ix.mem[d] for d in docs if not ix.has_vector(d, self._dim)]
         out.sort(key=lambda m: m.order, reverse=True)
         return out
 
+    @_locked
     def has_vectors(self) -> bool:
         """Whether some current memory has a vector in the active embeddings store."""
         return any(len(v) for v in self._current_index().vectors.values())
 
+    @_locked
+    def quarantines(self) -> list[Quarantine]:
+        """The bank's quarantines that count (node/memory/quarantine.py), released ones too."""
+        return list(self._quarantine_list())
+
+    @_locked
+    def labels(self, m: Memory) -> tuple[Labels, bool]:
+        """The labels of a memory this view holds, and whether an active quarantine hides it."""
+        ix = self._current_index()
+        doc = ix.row_doc.get(m.row_key)
+        if doc is None:
+            return row_labels(m), False
+        cols = ix.cols
+        flag = int(cols.flag[doc])
+        labels = Labels(None if flag == NO_FLAG else FLAG_NAMES[flag], ix.secret_of.get(doc), bool(cols.ingested[doc]))
+        hidden = self._hidden_mask()
+        return labels, bool(hidden is not None and hidden[doc])
+
+    @_locked
+    def visible(self, m: Memory, *, include_secrets: bool) -> bool:
+        """Whether recall could return ``m``: not quarantined, and no secret unless included."""
+        labels, quarantined = self.labels(m)
+        return not quarantined and (include_secrets or labels.secret is None)
+
+    @_locked
+    def weighted_tiers_present(self) -> dict[str, bool]:
+        """Which label-derived tiers any doc holds (cheap: counts kept as docs arrive)."""
+        ix = self._current_index()
+        return {"ingested": ix.ingested > 0, "flagged": ix.flagged > 0}
+
+    @_locked
+    def status(self, reader: str | None = None) -> dict[str, Any]:
+        """Counts of the current memories: per trust tier for ``reader`` (a public key; None:
+        no reader, every plain row is ``peer``), flagged per rule, secrets, quarantined, and
+        how many have a vector in the active embeddings store (secrets need none)."""
+        ix = self._current_index()
+        docs = np.fromiter(sorted(self._current.values()), dtype=np.int64, count=len(self._current))
+        cols = ix.cols
+        hidden = self._hidden_mask()
+        quarantined = np.zeros(len(docs), dtype=bool) if hidden is None else hidden[docs]
+        flag = cols.flag[docs]
+        flagged = (flag != NO_FLAG) & ~quarantined
+        ingested = cols.ingested[docs] & ~flagged & ~quarantined
+        plain = ~quarantined & ~flagged & ~ingested
+        rid = cols.authors.get(reader) if reader is not None else None
+        owner = plain & (cols.author[docs] == rid) if rid is not None else np.zeros(len(docs), dtype=bool)
+        secret = np.fromiter((int(d) in ix.secret_of for d in docs), dtype=bool, count=len(docs))
+        embeddable = int((~secret).sum())
+        with_vector = sum(1 for d in docs.tolist() if d not in ix.secret_of and ix.has_vector(d, self._dim)) \
+            if self._store is not None else 0
+        return {
+            "memories": len(docs),
+            "tiers": {"owner": int(owner.sum()), "peer": int((plain & ~owner).sum()), "ingested": int(ingested.sum()),
+                      "flagged": int(flagged.sum()), "quarantined": int(quarantined.sum())},
+            "flagged_by_rule": {name: int(((flag == i) & ~quarantined).sum()) for i, name in enumerate(FLAG_NAMES)
+                                if ((flag == i) & ~quarantined).any()},
+            "secrets": int(secret.sum()),
+            "embedding_store": self._store,
+            "with_vector": with_vector,
+            "embeddable": embeddable,
+        }
+
+    @_locked
     def sizes(self) -> dict[str, int]:
         """Rows, current memories, timeline items and bytes of the arrays (for benchmarks)."""
         ix = self._current_index()
         return {"rows": ix.cols.n, "current": len(self._current), "timeline_items": len(self._times),
                 **{f"{k}_bytes": v for k, v in ix.nbytes().items()}, "timeline_bytes": self._times.nbytes()}
 
+    @_locked
     def __len__(self) -> int:
         self._current_index()
         return len(self._current)
@@ -534,6 +703,8 @@ class MemoryView:
         self._pending: dict[str, dict[int, tuple[Order, np.ndarray]]] = {}  # row -> length -> vec
         self._pasts: dict[str, _Past] = {}
         self._version = 0  # counts docs added: a cached past is valid for one version
+        self._qs: list[Quarantine] | None = None  # the bank's quarantines, read on need
+        self._hidden: tuple[int, np.ndarray | None] | None = None  # (docs, mask) for self._qs
 
     def _order_of(self, doc: int) -> Order:
         return self._ix.mem[doc].order
@@ -552,6 +723,36 @@ class MemoryView:
         if past.items is None:
             past.items = self._times.known(past.docs)
         return past.items
+
+    def _quarantine_list(self) -> list[Quarantine]:
+        if self._qs is None:
+            self._qs = quarantines(self._db)
+            self._hidden = None
+        return self._qs
+
+    def _hidden_mask(self) -> np.ndarray | None:
+        """True for the docs an active quarantine hides (None: none), cached until a doc or a
+        quarantine arrives."""
+        qs = self._quarantine_list()
+        cols = self._ix.cols
+        if self._hidden is None or self._hidden[0] != cols.n:
+            mask = hidden_mask(qs, cols.authors, cols.author[:cols.n], cols.ts[:cols.n]) if qs else None
+            self._hidden = (cols.n, mask)
+        return self._hidden[1]
+
+    def _shown_mask(self, include_secrets: bool, hide_flagged: bool) -> np.ndarray | None:
+        """The docs a recall may return (None: all): not quarantined, and the labels asked for."""
+        ix = self._ix
+        n = ix.cols.n
+        out = self._hidden_mask()
+        out = None if out is None else ~out
+        if not include_secrets and ix.secret_of:
+            keep = ~ix.cols.secret[:n]
+            out = keep if out is None else out & keep
+        if hide_flagged and ix.flagged:
+            keep = ix.cols.flag[:n] == NO_FLAG
+            out = keep if out is None else out & keep
+        return out
 
     def _current_index(self) -> _Index:
         if self._stale:
@@ -632,22 +833,37 @@ class MemoryView:
             ix.index_vectors(best)
 
     def _on_event(self, event: RowsAdded | Rebuilt) -> None:
-        # Runs inside the database's ingest: it must never raise.
-        if self._stale:
-            return
-        try:
-            if isinstance(event, Rebuilt):
+        # Runs inside the database's ingest: it must never raise, and never wait (a search
+        # thread may hold the lock; the event then waits in the backlog for it).
+        self._backlog.append(event)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+
+    def _drain(self) -> None:
+        """Apply the queued events, in order (the caller holds the lock)."""
+        backlog = self._backlog
+        while backlog:
+            event = backlog.popleft()
+            if self._stale:
+                continue  # the next call rebuilds from the database, which holds the event's rows
+            try:
+                if isinstance(event, Rebuilt):
+                    self._stale = True
+                elif isinstance(event, RowsAdded):
+                    if event.store == MEMORY_STORE:
+                        for rec in event.rows:
+                            self._add_memory(rec)
+                    elif event.store == self._store:
+                        for rec in event.rows:
+                            self._add_vector(rec)
+                    elif event.store == QUARANTINE_STORE:
+                        self._qs = None
+            except Exception:  # noqa: BLE001 - a bug here must not fail the database's write
+                log.exception("memory view of %s failed to apply an update; it will be rebuilt", self._db.id)
                 self._stale = True
-            elif isinstance(event, RowsAdded):
-                if event.store == MEMORY_STORE:
-                    for rec in event.rows:
-                        self._add_memory(rec)
-                elif event.store == self._store:
-                    for rec in event.rows:
-                        self._add_vector(rec)
-        except Exception:  # noqa: BLE001 - a bug here must not fail the database's write
-            log.exception("memory view of %s failed to apply an update; it will be rebuilt", self._db.id)
-            self._stale = True
 
     def _add_memory(self, rec: RowRecord) -> None:
         if rec.key in self._seen:

@@ -365,10 +365,27 @@
           ? `${seconds(s.last_complete_exchange_age_s)} ago` : "never", "last_exchange_age"],
         ["stale", s ? (s.stale ? "yes" : "no") : dash]], "bank-facts"),
       section("Peers", pt), section("Grants", gt), section("Refused, by reason", rt),
-      section("Recall engine", r ? dl([["embedder", r.embedder || "none (BM25 only)"], ["memories", num(r.memories)],
-        ["with a vector", num(r.with_vectors), "with_vectors"],
-        ["share", r.share === null || r.share === undefined ? dash : `${(r.share * 100).toFixed(1)} %`]], "bank-recall")
+      section("Recall engine", r ? dl(recallFacts(r), "bank-recall")
         : h("p", {}, "this serve does not report the recall engine")));
+  }
+
+  // The status API counts tiers for no reader: owner and peer are only told apart for a reading
+  // agent (memmesh memory status BANK --agent NAME), so plain rows are shown as one count.
+  function recallFacts(r) {
+    const t = r.tiers || null;
+    const q = r.quarantines || null;
+    const tier = (k) => (t ? num(t[k]) : dash);
+    return [["embedder", r.embedder || "none (BM25 only)"], ["memories", num(r.memories)],
+      ["embeddable", num(r.embeddable)],
+      ["with a vector", num(r.with_vectors), "with_vectors"],
+      ["share of embeddable", r.share === null || r.share === undefined ? dash : `${(r.share * 100).toFixed(1)} %`, "share"],
+      ["plain (owner or peer)", t ? num((t.owner || 0) + (t.peer || 0)) : dash, "tier_plain"],
+      ["ingested", tier("ingested"), "tier_ingested"], ["flagged", tier("flagged"), "tier_flagged"],
+      ["quarantined", tier("quarantined"), "tier_quarantined"],
+      ["flagged per rule", has(r, "flagged_by_rule") ? reasons(r.flagged_by_rule) : dash, "flagged_by_rule"],
+      ["secrets", num(r.secrets), "secrets"],
+      ["active quarantines", q ? num(q.active) : dash, "quarantines_active"],
+      ["released quarantines", q ? num(q.released) : dash, "quarantines_released"]];
   }
 
   function renderPeers() {

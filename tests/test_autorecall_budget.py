@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from auth.errors import MemmeshError
 from node import Node, commands
 from node.memory.embedders import EmbedderConfig
-from node.memory.framing import HEADING, budget_chars, closing_line, fit, memory_line
+from node.memory.framing import HEADING, budget_chars, closing_line, fit, memory_line, missing_line
 
 CLOSING = re.compile(r"^\.\.\. (\d+) more memor(?:y|ies) not shown; use recall$")
 
@@ -35,11 +35,11 @@ texts = st.text(min_size=1, max_size=300)
 
 @settings(max_examples=300)
 @given(st.lists(st.tuples(texts, texts, st.one_of(st.none(), st.text(max_size=20))), max_size=40),
-       st.integers(0, 400_000))
-def test_the_block_never_exceeds_its_budget_and_counts_what_it_left_out(rows, window):
+       st.integers(0, 400_000), st.lists(st.text(min_size=1, max_size=64), max_size=3))
+def test_the_block_never_exceeds_its_budget_and_counts_what_it_left_out(rows, window, missing):
     lines = [memory_line(k, v, b) for k, v, b in rows]
     budget = budget_chars(window)
-    block = fit(lines, budget)
+    block = fit(lines, budget, missing=missing)
     assert len(block.text) <= budget
     if not block.text:  # nothing fits (or nothing to show): no heading, nothing counted
         assert (block.shown, block.left_out) == (0, 0)
@@ -49,6 +49,9 @@ def test_the_block_never_exceeds_its_budget_and_counts_what_it_left_out(rows, wi
     body = out[4:]
     assert body[:block.shown] == lines[:block.shown]  # a prefix, in rank order
     rest = body[block.shown:]
+    if missing:  # the stores not searched: one line, right after the memories
+        assert rest[0] == missing_line(missing) and rest[0].startswith("_Not searched this turn")
+        rest = rest[1:]
     if block.left_out:
         assert len(rest) == 1 and int(CLOSING.match(rest[0]).group(1)) == block.left_out
         assert block.shown + block.left_out == len(lines)

@@ -34,6 +34,7 @@ from node.commands import serving  # noqa: F401  (memmesh serve; its handler imp
 from node.commands import mcp  # noqa: F401
 from node.commands import quarantine  # noqa: F401
 from node.commands import recall_status  # noqa: F401
+from node.commands import retention  # noqa: F401
 from node.commands.params import Params, ParamsError
 from node.commands.registry import REGISTRY, Command, EventSink, UnknownCommand, progress_sink
 from node.commands.result import Result, json_text

@@ -111,6 +111,9 @@ class RecallArgs(Params):
     as_known_at: Annotated[str | None, _rule(check_entry_id, "as_known_at"), Field(
         description="an entry id of the bank (sha256:...): recall as the store stood with that entry's "
                     "causal past, the same on every replica")] = None
+    scopes: Annotated[list[Literal["memory", "history"]], Cli(flag="--scope"), Field(
+        min_length=1, description="what to search: memory (the default), history (the agent's past "
+                                  "conversation: turns and chunk summaries), or both")] = ["memory"]
 
     def filters(self, now: int) -> Filters:
         """The view's filters; ``now``: the caller's clock (it only hides facts whose end passed)."""
@@ -161,8 +164,19 @@ def _remember(node: "Node", agent: "Agent", a: RememberArgs) -> dict[str, Any]:
 def _recall(node: "Node", agent: "Agent", a: RecallArgs, include_superseded: bool = False,
             count: bool = True) -> dict[str, Any]:
     check_tool(node, agent.name, "recall")
-    return node.memory.recall(agent, a.query, a.tags, a.limit, a.bank, include_superseded=include_superseded,
-                              count=count, filters=a.filters(time.time_ns() // 1_000_000))
+    out = {"memories": [], "count": 0, "bank": a.bank or agent.name, "message": "", "warnings": []}
+    if "memory" in a.scopes:
+        out = node.memory.recall(agent, a.query, a.tags, a.limit, a.bank, include_superseded=include_superseded,
+                                 count=count, filters=a.filters(time.time_ns() // 1_000_000))
+    if "history" in a.scopes:
+        from node.history.search import search_history  # history is the agent's own conversation
+
+        found = search_history(agent.db, a.query, a.limit)
+        out["history"] = found
+        n = len(found)
+        said = f"{n} past discussion hit{'' if n == 1 else 's'} (history: drill down with history expand)"
+        out["message"] = f"{out['message']} {said}".strip() if out["message"] else said
+    return out
 
 
 def _list_banks(node: "Node", agent: "Agent", a: NoParams) -> dict[str, Any]:
@@ -229,12 +243,16 @@ def recall(node: "Node", p: Recall) -> Result:
 
 
 def render_memories(data: dict[str, Any]) -> str:
-    if not data["memories"]:
+    if not data["memories"] and not data.get("history"):
         return data["message"]
     lines = []
     for m in data["memories"]:
         tags = f" [{', '.join(m['tags'])}]" if m["tags"] else ""
         lines.append(f"{m['key']}: {m['value']}{tags}  ({m['time']}, {m['bank']})")
+    for h in data.get("history", []):
+        text = h.get("text") or h.get("summary") or ""
+        where = f"turn {h['seq']}" if h["kind"] == "turn" else f"chunk L{h['level']} {h['from_seq']}-{h['to_seq']}"
+        lines.append(f"past discussion ({h['session']}, {where}, {h['id']}): {text}")
     return "\n".join(lines)
 
 

@@ -46,6 +46,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "include_secrets": False,
     # Auto-recall searches its stores concurrently and waits this long at most; 0: auto-recall off.
     "auto_recall_deadline_ms": 50,
+    # Conversation history (docs/memory.md, "History"): whether tool output is recorded too.
+    "record_tool_output": False,
 }
 DEADLINE_ENV = "MEMMESH_AUTO_RECALL_DEADLINE_MS"  # the built-in deadline, for a whole machine
 MAX_HALF_LIFE_DAYS = 36_500  # a century: anything longer is "never", which is leaving it out
@@ -76,7 +78,7 @@ def parse_config_value(name: str, raw: Any) -> Any:
     """Validate a config value (strings from the CLI are converted)."""
     if name not in CONFIG_DEFAULTS:
         raise ConfigError(f"unknown config key {name!r}; known keys: {', '.join(CONFIG_DEFAULTS)}")
-    if name in ("auto_recall_enabled", "include_secrets"):
+    if name in ("auto_recall_enabled", "include_secrets", "record_tool_output"):
         if isinstance(raw, bool):
             return raw
         text = str(raw).strip().lower()

@@ -23,7 +23,8 @@ rows), so the same entries and the same now give the same set on every replica:
 * **Forgetting episodes**: an episode older than ``days`` x ``success_x`` (outcome success),
   ``days`` x ``failure_x`` (failure) or ``days`` (unknown) is erased, except episodes a person
   checked (``checked_by: person``), which are kept, and, with ``keep_promoted_evidence``, the
-  successful episodes of a promoted method's kind whose tool sequence is the method's.
+  evidence of a promoted method (the episodes its promotion names, and every successful
+  episode of its kind whose tool sequence is the method's).
 
 Memory rows are never touched: their life is supersession (docs/memory.md).
 
@@ -54,7 +55,6 @@ HISTORY_STORE = "history"
 HISTORY_TEXT_STORE = "history_text"
 CHUNKS_STORE = "history_chunks"
 EPISODES_STORE = "episodes"
-METHODS_STORE = "methods"
 DAY_MS = 86_400_000
 MAX_DAYS = 36_500
 MULTIPLIER = (0.1, 100.0)
@@ -189,14 +189,13 @@ def _compressions(db: Database, policy: Policy, now: int) -> list[Forget]:
             for entry, (author, ok) in by_entry.items() if ok]
 
 
-def _promoted(db: Database) -> set[tuple[str, tuple[str, ...]]]:
-    out = set()
-    for row in db.rows(METHODS_STORE):
-        v = row.value
-        method = v.get("method") if isinstance(v, dict) and v.get("op") == "promote" else None
-        if isinstance(method, dict) and isinstance(method.get("kind"), str) and isinstance(method.get("sequence"), list):
-            out.add((method["kind"], tuple(str(t) for t in method["sequence"])))
-    return out
+def _promoted(db: Database) -> tuple[set[tuple[str, tuple[str, ...]]], set[str]]:
+    """The promoted methods that count (node/episodes/methods.py): their (kind, sequence) and the
+    episodes recorded as their evidence."""
+    from node.episodes.methods import promoted
+
+    methods = promoted(db)
+    return {(m.kind, tuple(m.sequence)) for m in methods}, {e for m in methods for e in m.evidence}
 
 
 def _tools(v: dict[str, Any]) -> tuple[str, ...]:
@@ -207,7 +206,7 @@ def _tools(v: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _forgotten_episodes(db: Database, policy: Policy, now: int) -> list[Forget]:
-    promoted = _promoted(db) if policy.keep_promoted_evidence else set()
+    promoted, evidence = _promoted(db) if policy.keep_promoted_evidence else (set(), set())
     by_entry: dict[str, tuple[str, bool]] = {}
     for row in db.rows(EPISODES_STORE):
         v = row.value
@@ -216,7 +215,7 @@ def _forgotten_episodes(db: Database, policy: Policy, now: int) -> list[Forget]:
         outcome = v.get("outcome")
         factor = policy.success_x if outcome == "success" else policy.failure_x if outcome == "failure" else 1.0
         old = now - row.ts > policy.days * factor * DAY_MS
-        kept = v.get("checked_by") == "person" or (
+        kept = v.get("checked_by") == "person" or row.entry_id in evidence or (
             outcome == "success" and (v.get("kind"), _tools(v)) in promoted)
         author, prev = by_entry.get(row.entry_id, (row.author, True))
         by_entry[row.entry_id] = (author, prev and old and not kept)

@@ -170,6 +170,14 @@ EXAMPLES: list[tuple[str, str, Any, int]] = [
     ("POST", "/v1/retention/show", {"db": "alpha"}, 200),
     ("POST", "/v1/retention/preview", {"db": "alpha"}, 200),
     ("POST", "/v1/retention/run", {"db": "alpha"}, 200),
+    ("POST", "/v1/episode/add", {"agent": "alpha", "kind": "deploy", "steps": [{"tool": "build", "status": "ok"}],
+                                 "outcome": "success", "checked_by": "test", "summary": "deploy the api"}, 200),
+    ("POST", "/v1/episode/verdict", {"agent": "alpha", "episode": "{episode}", "verdict": "yes"}, 200),
+    ("POST", "/v1/episode/list", {"agent": "alpha"}, 200),
+    ("POST", "/v1/methods/learn", {"agent": "alpha"}, 200),
+    ("POST", "/v1/methods/list", {"agent": "alpha"}, 200),
+    ("POST", "/v1/methods/promote", {"agent": "alpha", "method": "method:" + "0" * 24}, 404),
+    ("POST", "/v1/plan-context", {"agent": "alpha", "task": "deploy the api"}, 200),
     ("POST", "/v1/memory/delete", {"ref": "scratch"}, 200),
     ("GET", "/v1/config/show", None, 200),
     ("POST", "/v1/config/check", {}, 200),
@@ -213,9 +221,11 @@ async def test_every_route_answers_with_the_token_and_refuses_without(api):
         if status == 200:
             assert set(answer) == {"data", "text", "warnings"}
         else:
-            assert answer["error"]["code"] == "refused" and answer["error"]["message"]
+            assert answer["error"]["code"] == ("not_found" if status == 404 else "refused") and answer["error"]["message"]
         if pattern.endswith("/remember"):
             state["entry"] = answer["data"]["entry"]
+        if pattern.endswith("/episode/add"):
+            state["episode"] = answer["data"]["id"]
         if pattern.endswith("/memory/quarantine"):
             state["quarantine"] = answer["data"]["id"]
 

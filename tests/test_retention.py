@@ -12,6 +12,7 @@ from crdt.database import Database
 from crdt.storage import MemoryStorage
 from node.retention import (
     DAY_MS, EPISODES_STORE, HISTORY_TEXT_STORE, PolicyError, plan, policy_in_force, policy_value, run)
+from node.episodes.methods import method_id, promoted
 from tests.dbkit import feed, grant, key, replica, write
 
 T0 = 1_700_000_000_000
@@ -85,7 +86,11 @@ def test_episodes_go_by_outcome_and_age_and_people_and_promoted_evidence_stay(se
     unknown = episode(db, admin, "unknown")
     person = episode(db, admin, "success", checked_by="person")
     evidence = episode(db, admin, "success", kind="release", tools=("tag", "publish"))
-    write(db, admin, {"op": "promote", "method": {"kind": "release", "sequence": ["tag", "publish"]}}, store="methods")
+    write(db, admin, {"op": "promote", "method": {
+        "id": method_id("release", ("tag", "publish")), "kind": "release", "sequence": ["tag", "publish"],
+        "checked": 1, "successes": 1, "with_sequence": 1, "confidence": 1.0, "evidence": [evidence]}},
+        store="methods")
+    assert [m.kind for m in promoted(db)] == ["release"]  # the promotion counts (an admin signed it)
     set_policy(db, admin, days=30, failure_x=3, keep_promoted_evidence=True)
     at = lambda days: {f.entry for f in plan(db, T0 + days * DAY_MS)}  # noqa: E731
     assert at(29) == set()

@@ -35,6 +35,7 @@ from node.commands import mcp  # noqa: F401
 from node.commands import quarantine  # noqa: F401
 from node.commands import recall_status  # noqa: F401
 from node.commands import retention  # noqa: F401
+from node.commands import episodes  # noqa: F401
 from node.commands.params import Params, ParamsError
 from node.commands.registry import REGISTRY, Command, EventSink, UnknownCommand, progress_sink
 from node.commands.result import Result, json_text
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["REGISTRY", "Command", "EventSink", "Params", "ParamsError", "Result", "UnknownCommand",
            "json_text", "progress_sink"]
 
-_FUNCTIONS = {cmd.name.replace(".", "_"): cmd for cmd in REGISTRY}
+_FUNCTIONS = {cmd.name.replace(".", "_").replace("-", "_"): cmd for cmd in REGISTRY}
 
 
 def _function(cmd: Command) -> Callable[..., Result]:

@@ -96,6 +96,14 @@ class Node(Home):
         """Run one agent tool (remember, recall, list_memory_banks, neighbors) and return its JSON result."""
         return self.run("tool", {"agent": agent, "tool": tool, "args": args}).data
 
+    def history_add(self, agent: str, session: str, role: str, text: str) -> dict[str, Any]:
+        """Append one turn to the agent's conversation history (docs/memory.md, "History")."""
+        return self.run("history.add", {"agent": agent, "session": session, "role": role, "text": text}).data
+
+    def history_window(self, agent: str, session: str, budget: int) -> str:
+        """The session as one text of at most ``budget`` characters over the chunk pyramid."""
+        return self.run("history.window", {"agent": agent, "session": session, "budget": budget}).data["text"]
+
     def auto_recall(self, agent: str, messages: Sequence[str], session: str | None = None,
                     context_window: int | None = None) -> str:
         """``context_window``: the answering model's, in tokens (None: 100,000); sizes the block."""

@@ -36,6 +36,7 @@ from node.commands import quarantine  # noqa: F401
 from node.commands import recall_status  # noqa: F401
 from node.commands import retention  # noqa: F401
 from node.commands import episodes  # noqa: F401
+from node.commands import history  # noqa: F401
 from node.commands.params import Params, ParamsError
 from node.commands.registry import REGISTRY, Command, EventSink, UnknownCommand, progress_sink
 from node.commands.result import Result, json_text

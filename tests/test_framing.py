@@ -41,6 +41,11 @@ def structure_ok(text: str, n: int) -> list[str]:
     return body
 
 
+def test_a_tag_split_between_key_and_value_is_escaped():
+    # Found by the property below: key "<A" and value "> ..." would meet as "<A**: \\>".
+    structure_ok(fit([memory_line("<A", "> quoted turn", None)], 10_000).text, 1)
+
+
 @settings(max_examples=300)
 @given(st.lists(st.tuples(memory_text, memory_text, st.one_of(st.none(), memory_text)), min_size=1, max_size=8))
 def test_no_memory_text_breaks_the_block(rows):

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 
 from ..memory.tokens import STOPWORDS, tokenize
 
-__all__ = ["DEFAULT_RATIO", "budget_for", "rank", "select", "split_sentences", "summarise", "word_count"]
+__all__ = ["DEFAULT_RATIO", "budget_for", "fill", "rank", "select", "split_sentences", "summarise", "word_count"]
 
 DEFAULT_RATIO = 0.3
 _QUANTUM = 1_000_000_000  # scores are compared as round(score * 1e9)
@@ -109,9 +109,16 @@ def select(sentences: Sequence[str], budget_words: int) -> list[int]:
     """Indexes (ascending) of the sentences chosen within ``budget_words`` words."""
     if isinstance(budget_words, bool) or not isinstance(budget_words, int) or budget_words < 0:
         raise ValueError(f"budget_words must be a non-negative integer, got {budget_words!r}")
+    return fill(rank(sentences), sentences, budget_words)
+
+
+def fill(order: Sequence[int], sentences: Sequence[str], budget_words: int) -> list[int]:
+    """Indexes (ascending) taken greedily in ``order`` (a sentence that fits in what is left is
+    taken, one that does not is skipped): how :func:`select` fills its budget, and how the
+    benchmark fills it for the other rankings it compares."""
     left = budget_words
     chosen = []
-    for i in rank(sentences):
+    for i in order:
         if left <= 0:
             break
         size = word_count(sentences[i])

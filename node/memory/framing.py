@@ -73,11 +73,16 @@ def _escape_leading(match: re.Match[str]) -> str:
     return lead + "".join("\\" + c for c in marker)
 
 
+# The opening of a tag with no closing ">" in the same text: the line around it (the key's
+# "**: " and the value) could close it, so it is escaped too.
+_OPEN_TAG = re.compile(r"(?<!\\)<(?=[A-Za-z/!?])")
+
+
 def neutralise(text: str) -> str:
     """``text`` as one inert line: breaks become spaces, structural markers are escaped."""
     # Leading markers per former line; inline ones after the join, which could form new ones.
     line = " ".join(_LEADING.sub(_escape_leading, part) for part in _BREAKS.split(text))
-    return _INLINE.sub(_escape_inline, line)
+    return _OPEN_TAG.sub(r"\\<", _INLINE.sub(_escape_inline, line))
 
 
 def memory_line(key: str, value: str, bank: str | None) -> str:

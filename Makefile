@@ -36,6 +36,7 @@ bench: venv
 	$(BIN)/python bench/hygiene.py --json bench/results/hygiene.json
 	$(BIN)/python bench/credentials.py --json bench/results/credentials.json
 	$(BIN)/python bench/autorecall.py --json bench/results/autorecall.json
+	$(BIN)/python bench/summaries.py --json bench/results/summaries.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -158,6 +158,7 @@ class Database(Ingestion, DerivedState):
         self._evaluator = Evaluator()
         self._settings_cache: AuthSettings | None = None
         self._meta_cache: dict[str, Any] | None = None
+        self._small_rows: dict[str, list[RowRecord]] = {}  # store -> its rows (small_rows)
         self._docs: dict[str, pycrdt.Doc] = {}
         self._absent: dict[str, set[str]] = {}  # entry id -> stores whose payload storage lacks
         self._covers: dict[tuple[str, str], set[str]] = {}  # (entry, store) -> authors stored erases name
@@ -469,6 +470,15 @@ class Database(Ingestion, DerivedState):
             out.extend(self._records(store, node, decode_append_update(update, root=store, client=client).rows))
         out.sort(key=lambda r: r.order)
         return out
+
+    def small_rows(self, store: str) -> list[RowRecord]:
+        """:meth:`rows` of a store that is small but read often (an agent's config), kept in
+        memory until a row of it is shown or hidden: reading it anew scans the whole log, which
+        in a database with many entries of other stores (a long history) costs seconds."""
+        cached = self._small_rows.get(store)
+        if cached is None:
+            cached = self._small_rows[store] = self.rows(store)
+        return list(cached)
 
     def meta(self) -> dict[str, Any]:
         """The database's meta: later rows (T order) override earlier fields."""

@@ -106,11 +106,13 @@ class DerivedState:
     def _rebuild_docs(self) -> None:
         self._docs = {}  # rebuilt from the log when next read
         self._meta_cache = None
+        self._small_rows = {}
 
     def _apply(self, applied: list[tuple[_Stored, dict[str, tuple[Row, ...]], Mapping[str, bytes | None]]],
                gc_fill: list[_Stored]) -> None:
         for node in gc_fill:
             for store, desc in node.entry.stores.items():
+                self._small_rows.pop(store, None)
                 doc = self._docs.get(store)
                 if doc is not None:
                     _apply_to(doc, store, desc, None, False)
@@ -124,6 +126,7 @@ class DerivedState:
             for store, store_rows in shown.items():
                 by_store.setdefault(store, []).extend(self._records(store, node, store_rows))
         for store, rows in by_store.items():
+            self._small_rows.pop(store, None)
             if store == META:
                 self._meta_cache = None
             self._emit(RowsAdded(store, tuple(rows)))

@@ -465,3 +465,22 @@ def test_a_failing_observer_never_makes_a_committed_ingest_look_failed(caplog):
     assert sum("observer of database ingests failed" in r.getMessage() for r in caplog.records) >= 2
     reopened = Database.open(db.storage, db.id)
     assert reopened.is_accepted(entry_id)
+
+
+def test_small_rows_follow_every_change_of_their_store():
+    admin, writer = key(1), key(2)
+    db = new_db(admin)
+    grant(db, admin, writer, "write")
+    first = write(db, writer, {"set": "a"}, store="config")
+    assert [r.value for r in db.small_rows("config")] == [{"set": "a"}]
+    write(db, writer, {"other": 1}, store="history")  # another store: the cached rows stay
+    write(db, writer, {"set": "b"}, store="config")
+    assert [r.value for r in db.small_rows("config")] == [{"set": "a"}, {"set": "b"}]
+    db.erase(writer, first, "config")  # an erased payload is hidden at once
+    assert [r.value for r in db.small_rows("config")] == [{"set": "b"}]
+    late = write(db, writer, {"set": "c"}, store="config")
+    revoke(db, admin, writer)  # a revocation rebuilds; what the writer wrote before it stays
+    assert [r.value for r in db.small_rows("config")] == [r.value for r in db.rows("config")]
+    assert late in {r.entry_id for r in db.small_rows("config")}
+    other = replica(db)
+    assert [r.value for r in other.small_rows("config")] == [r.value for r in db.small_rows("config")]

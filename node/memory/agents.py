@@ -208,7 +208,7 @@ def agent_state(db: Database, defaults: dict[str, Any] | None = None) -> AgentSt
     (settings.memory_defaults: config.yaml's auto_recall over CONFIG_DEFAULTS), or the built-in ones."""
     base = CONFIG_DEFAULTS if defaults is None else defaults
     st = AgentState(config=dict(base))
-    for row in db.rows(CONFIG_STORE):
+    for row in db.small_rows(CONFIG_STORE):
         v = row.value
         if not isinstance(v, dict):
             continue
@@ -227,7 +227,7 @@ def agent_state(db: Database, defaults: dict[str, Any] | None = None) -> AgentSt
             lst = st.attached.get(v.get("session"), [])
             if v["detach"] in lst:
                 lst.remove(v["detach"])
-    for row in db.rows(BANKS_STORE):
+    for row in db.small_rows(BANKS_STORE):
         v = row.value
         if not isinstance(v, dict) or not isinstance(v.get("bank"), str):
             continue

@@ -326,3 +326,17 @@ def test_an_erased_turn_leaves_the_history_and_its_chunk_goes_with_it(n):
     s = show(n)
     assert s["turns"] == 11 and s["level1"] == 0  # seq 1 is gone, so batch 1-10 is not complete
     assert first["id"] not in {h["id"] for h in search_history(a.db, "subject1 item7", 10)}
+
+
+def test_a_long_sessions_window_ends_with_raw_turns_then_level1_then_level2(n):
+    talk(n, 300)  # 30 level-1 chunks, 3 level-2 chunks, no raw tail
+    data = n.run("history.window", {"agent": "alpha", "session": "s", "budget": 6000}).data
+    text = data["text"]
+    assert len(text) <= 6000
+    lines = text.split("\n")
+    assert lines[-1].startswith("user: Turn 300 ") or lines[-1].startswith("assistant: Turn 300 ")
+    levels = [item["level"] for item in data["items"]]
+    assert levels == sorted(levels, reverse=True)  # resolution only falls with age
+    assert levels[-10:] == [0] * 10 and 1 in levels and levels[0] == 2  # raw, then level 1, then level 2
+    seqs = [(item["from_seq"], item["to_seq"]) for item in data["items"]]
+    assert all(a[1] + 1 == b[0] for a, b in zip(seqs, seqs[1:]))  # one unbroken stretch to the newest turn

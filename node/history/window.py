@@ -12,6 +12,11 @@ summaries of the oldest, and covers as much of the session as the budget allows:
    children (a level-2 chunk by its level-1 summaries, a level-1 chunk by its turns) when the
    whole window still fits; the first replacement that does not fit stops the walk. So
    resolution only ever falls with age, and a budget that holds every turn shows every turn.
+4. **Detail at the newest end** (before 3, when the session is too long for 3 to refine
+   anything): the newest chunk, if it is level 2, is replaced by its level-1 children, and then,
+   if no raw turn follows the newest chunk, that chunk by its turns, each time dropping the
+   oldest items to make room, when all its children fit. So a long session's window
+   still ends with raw turns, then level-1 summaries, then level-2 summaries of older spans.
 
 The text is the items oldest first, one per line (``role: text`` for a turn, ``[summary of
 turns A-B] TEXT`` for a chunk), joined by newlines; its length in code points, separators
@@ -102,6 +107,47 @@ def build_window(p: Pyramid, turn_text: Callable[[Turn], str | None], summary: C
         items.append(x)
         used += extra
     items.reverse()
+
+    def refine_newest(items: list[Item]) -> list[Item]:
+        """Step 4 for the newest chunk: its children (the newest that fit), then older items."""
+        j = max((k for k, x in enumerate(items) if isinstance(x, Span)), default=None)
+        if j is None:
+            return items
+        finer = shown(children(items[j]))  # type: ignore[arg-type]
+        new = list(items[j + 1:])
+        total = cost(new)
+        taken = 0
+        for y in reversed(finer):
+            extra = len(line(y) or "") + (1 if new else 0)
+            if total + extra > budget:
+                break
+            new.insert(0, y)
+            total += extra
+            taken += 1
+        if taken < len(finer):
+            return items  # its children do not all fit: the chunk's summary says more
+        for y in reversed(items[:j]):
+            extra = len(line(y) or "") + 1
+            if total + extra > budget:
+                break
+            new.insert(0, y)
+            total += extra
+        return new
+
+    def newest_chunk(items: list[Item]) -> tuple[Span | None, bool]:
+        """The newest chunk of the window, and whether a raw turn follows it."""
+        for k in range(len(items) - 1, -1, -1):
+            if isinstance(items[k], Span):
+                return items[k], k < len(items) - 1  # type: ignore[return-value]
+        return None, True
+
+    x, _ = newest_chunk(items)
+    if x is not None and x.level == 2:
+        items = refine_newest(items)
+    x, raw_after = newest_chunk(items)
+    if x is not None and not raw_after:
+        items = refine_newest(items)
+    used = cost(items)
     i = len(items) - 1
     while i >= 0:
         x = items[i]

@@ -29,6 +29,8 @@ from typing import Any
 
 from auth.errors import MemmeshError
 from crdt.records import RowRecord
+from node.memory.rows import MemoryInputError
+from node.memory.rows import check_text as check_memory_text
 from node.registry import UnknownName
 
 log = logging.getLogger(__name__)
@@ -105,20 +107,12 @@ class Chunk:
 
 # ------------------------------------------------------------------------------ local input
 def check_text(what: str, value: Any, limit: int) -> str:
-    """A non-blank string of 1..limit code points, encodable as UTF-8."""
-    if not isinstance(value, str):
-        detail = f"got {type(value).__name__}"
-    elif not value or value.isspace():
-        detail = "got an empty or blank string"
-    elif len(value) > limit:
-        detail = f"got {len(value)} characters"
-    else:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise HistoryInputError(f"{what} must be valid Unicode text (it contains a lone surrogate)") from None
-        return value
-    raise HistoryInputError(f"{what} must be a non-empty string of at most {limit} characters ({detail})")
+    """A non-blank string of 1..limit code points, encodable as UTF-8: the rule memory keys and
+    values follow (node/memory/rows.py), raised as a history input error."""
+    try:
+        return check_memory_text(what, value, limit)
+    except MemoryInputError as exc:
+        raise HistoryInputError(str(exc)) from None
 
 
 def check_session(session: Any) -> str:

@@ -234,6 +234,9 @@ def _check_text(what: str, s: Any, limit: int) -> str:
     raise MemoryInputError(f"{what} must be a non-empty string of at most {limit} characters ({detail})")
 
 
+check_text = _check_text  # the text rule, for other kinds of rows (history turns)
+
+
 def _check_tags(tags: Any) -> tuple[str, ...]:
     """The tags as stored (see :func:`memory_value`); MemoryInputError if they break a rule.
 

@@ -252,7 +252,7 @@ def check(command: str, params: dict[str, Any], registry: Registry = REGISTRY) -
 
 
 def usage(command: str, registry: Registry = REGISTRY) -> str:
-    """``/memory grant BANK AGENT read|write`` for ``memory.grant``."""
+    """``/memory grant BANK WHO read|write`` for ``memory.grant``."""
     return grammar(registry.get(command)).usage()
 
 

@@ -86,7 +86,7 @@ def run_command(home: Path, name: str, params: dict[str, Any], events: Any = Non
         return cmd.handler(home, parsed)
     client = None
     if name == SERVE:
-        refuse_if_serving(home)
+        refuse_if_serving(home, log_json=bool(getattr(parsed, "log_json", False)))
     else:
         client = route(home)
     if client is None:
@@ -98,6 +98,9 @@ def run_command(home: Path, name: str, params: dict[str, Any], events: Any = Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Whatever memmesh creates (a home's files, SQLite's -wal and -shm, logs, backups) is its
+    # user's alone, whatever the shell's umask; files that must be shared are none.
+    os.umask(0o077)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="memmesh: %(message)s")
     from node.home import default_home
@@ -109,7 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_command(home, name, params, events=bars)
     except (MemmeshError, OSError) as exc:
         line, code = failure(exc)  # type: ignore[misc]
-        print(f"memmesh: error: {line}", file=sys.stderr)
+        if getattr(args, "log_json", False):  # serve --log-json: its log stays one JSON object a line
+            from node.control import json_log_line
+
+            print(json_log_line("error", "error", message=line, exit=code), file=sys.stderr)
+        else:
+            print(f"memmesh: error: {line}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
         return 130

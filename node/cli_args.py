@@ -128,6 +128,17 @@ def _add_argument(sp: argparse.ArgumentParser, name: str, field: FieldInfo) -> N
     sp.add_argument(flag, dest=name, **kw)
 
 
+def _from_file(path: str) -> str:
+    """The text of a file the command line names, read here, in the caller's process."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise CommandLineError(f"{os.path.abspath(path)}:{line}: is not UTF-8 text") from None
+
+
 def command_of(args: argparse.Namespace, registry: Registry = REGISTRY) -> tuple[str, dict[str, Any]]:
     """The registry name and the JSON-compatible params that the parsed command line asks for."""
     cmd: Command = registry.get(getattr(args, COMMAND))
@@ -139,6 +150,9 @@ def command_of(args: argparse.Namespace, registry: Registry = REGISTRY) -> tuple
         value = given[name]
         if _cli(field).env:
             value = _from_env(value)
+        elif _cli(field).read and isinstance(value, str):
+            params[_cli(field).read] = os.path.abspath(value)
+            value = _from_file(value)
         elif _cli(field).path and isinstance(value, str):
             value = os.path.abspath(value)
         elif _shape(field.annotation)[0] == "dict":

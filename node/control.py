@@ -245,11 +245,13 @@ def _holding_lock(home: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def remote(home: Path | str) -> ControlClient | None:
+def remote(home: Path | str, *, clean_stale: bool = True) -> ControlClient | None:
     """A client of the serve running for ``home``, or None to open the home directly.
 
     When serve's files are there but nothing answers (serve was killed) and nobody holds the
     home's lock, the files are stale: say so in one line on stderr, remove them, and return None.
+    With ``clean_stale`` False (for `serve`) they are left alone: serve removes them itself once it
+    holds the lock, and says so in its own log (one JSON object with --log-json, like every line).
     """
     home = Path(home)
     sock_path = home / SERVE_SOCK
@@ -266,7 +268,7 @@ def remote(home: Path | str) -> ControlClient | None:
     # Nothing answers. Stale only if no process holds the lock (serve holds it for its whole
     # life); the files are removed while holding it, so a serve starting now cannot lose its own.
     with _holding_lock(home) as free:
-        if not free:
+        if not free or not clean_stale:
             return None  # serve is starting or stopping, or a command runs: the caller waits
         pid = (info or {}).get("pid", "?")
         what = sock_path if sock_path.exists() or info is None else home / SERVE_JSON
@@ -275,29 +277,39 @@ def remote(home: Path | str) -> ControlClient | None:
     return None
 
 
+def json_log_line(event: str, level: str = "info", **fields: Any) -> str:
+    """A line of serve's --log-json log (node/serve.py's LogFormatter; this module stays light)."""
+    now = time.time()
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+    return json.dumps({"ts": ts, "level": level, "event": event, **fields}, ensure_ascii=True)
+
+
 def remove_files(home: Path) -> None:
     for name in (SERVE_JSON, SERVE_SOCK):
         with contextlib.suppress(FileNotFoundError):
             (home / name).unlink()
 
 
-def route(home: Path | str, *, timeout: float = 30.0, say_waiting: bool = False) -> ControlClient | None:
+def route(home: Path | str, *, timeout: float = 30.0, say_waiting: bool = False, clean_stale: bool = True,
+          log_json: bool = False) -> ControlClient | None:
     """Where a command for ``home`` runs: a ControlClient when serve runs, None when the home is
     free to open here. While another process holds the home (a one-shot command, or a serve
     starting or stopping) poll both, up to ``timeout`` seconds, so a command never waits on
-    the lock of a serve it could have gone through."""
+    the lock of a serve it could have gone through. ``clean_stale``: see ``remote``;
+    ``log_json``: the waiting notice as a JSON log line (serve's --log-json)."""
     home = Path(home)
     deadline = time.monotonic() + timeout
     said = False
     while True:
-        client = remote(home)
+        client = remote(home, clean_stale=clean_stale)
         if client is not None:
             return client
         holder = lock_holder(home)
         if holder is None:
             return None
         if say_waiting and not said:
-            print(f"memmesh: {home} is in use by process {holder}; waiting up to {timeout:g} s", file=sys.stderr)
+            text = f"{home} is in use by process {holder}; waiting up to {timeout:g} s"
+            print(json_log_line("waiting", message=text) if log_json else f"memmesh: {text}", file=sys.stderr)
             said = True
         if time.monotonic() >= deadline:
             from node.home import HomeBusy
@@ -308,10 +320,11 @@ def route(home: Path | str, *, timeout: float = 30.0, say_waiting: bool = False)
         time.sleep(POLL_S)
 
 
-def refuse_if_serving(home: Path | str, *, timeout: float = 30.0) -> None:
+def refuse_if_serving(home: Path | str, *, timeout: float = 30.0, log_json: bool = False) -> None:
     """For `memmesh serve`: refuse when a serve already runs for ``home`` (naming its pid and
-    address); when another process holds the home, say so and wait like other commands."""
-    client = route(home, timeout=timeout, say_waiting=True)
+    address); when another process holds the home, say so and wait like other commands. A dead
+    serve's files are left for serve to remove and log (its `stale` event)."""
+    client = route(home, timeout=timeout, say_waiting=True, clean_stale=False, log_json=log_json)
     if client is not None:
         with client:
             info = client.info

@@ -5,6 +5,10 @@ Layout (docs/architecture.md):
     HOME/keys/peer.key    the node's peer key (0600); agent and bank keys live beside it
     HOME/api.token        the local HTTP API's bearer token (0600; node/api/token.py)
 
+Nothing of a home is readable by another user: directories 0700, files 0600, whatever the
+umask (``make_private``, run by init and serve; the storage file is created 0600 and SQLite
+gives its -wal and -shm files its mode).
+
 A home that lost its peer key or its storage file is refused with one line (``check_files``),
 never initialised again: a new peer key would make it another node to every peer.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -28,6 +33,69 @@ from node.storage import SqliteStorage
 STORAGE_FILE = "node.sqlite"
 KEYS_DIR = "keys"
 PEER_KEY = "peer.key"
+
+
+class HomeNotPrivate(MemmeshError):
+    """The home is writable by other users: what it holds may not be ours any more."""
+
+
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+# Secrets are never made private behind the user's back: a key or token that others could read
+# may have been copied already, so they are refused with the chmod to run, as their loaders do
+# (the user then decides whether to replace them).
+SECRETS = ("api.token",)
+
+
+def make_private(home: Path | str) -> list[str]:
+    """Make the home and everything in it readable by its owner alone: every directory 0700,
+    every file 0600 (symbolic links are not followed). Returns what was changed, as
+    ``NAME (MODE)`` relative to the home, for the one line init and serve print.
+
+    Refuses a home that its group or others may write: another user could have put or replaced
+    files in it, which no chmod undoes. A key file or the API token readable by others is
+    refused with the chmod to run, not fixed (``SECRETS``)."""
+    home = Path(home)
+    st = os.lstat(home)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "group and others" if st.st_mode & stat.S_IWGRP and st.st_mode & stat.S_IWOTH \
+            else "its group" if st.st_mode & stat.S_IWGRP else "others"
+        raise HomeNotPrivate(f"{home} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}), so another user "
+                             f"could have replaced what it holds; check it, then run: chmod go-w {home}")
+    changed: list[str] = []
+
+    def fix(path: Path, want: int, mode: int) -> None:
+        if stat.S_IMODE(mode) & 0o077:
+            os.chmod(path, want, follow_symlinks=False)
+            changed.append(f"{path.relative_to(home).as_posix() if path != home else 'the home'} "
+                           f"({stat.S_IMODE(mode):o})")
+
+    fix(home, PRIVATE_DIR, st.st_mode)
+    for root, dirs, files in os.walk(home):
+        base = Path(root)
+        for name in dirs + files:
+            path = base / name
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:  # gone meanwhile (a temporary file)
+                continue
+            if stat.S_ISLNK(mode):
+                continue
+            if stat.S_ISDIR(mode):
+                fix(path, PRIVATE_DIR, mode)
+            elif (name in SECRETS and base == home) or (base.name == KEYS_DIR and name.endswith(".key")):
+                if stat.S_IMODE(mode) & 0o077:
+                    raise KeyStoreError(f"{'key' if name.endswith('.key') else 'API token'} file {path} is readable "
+                                        f"by other users (mode {stat.S_IMODE(mode):o}); run: chmod 600 {path}")
+            else:
+                fix(path, PRIVATE_FILE, mode)
+    return changed
+
+
+def private_line(home: Path | str, changed: list[str]) -> str:
+    """The one line that says what ``make_private`` changed."""
+    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    return (f"made {home} private: other users could read {shown}; "
+            f"now directories are 700 and files 600")
 
 
 class NotInitialised(MemmeshError):
@@ -98,6 +166,7 @@ class Home:
         self._databases: dict[str, Database] = {}
         self._open_listeners: list[Callable[[Database], None]] = []
         self.created = False  # True when this opening created the node (init reports it)
+        self.made_private: list[str] = []  # what init made private (make_private), for its line
 
     # ------------------------------------------------------------------ lifecycle
     @staticmethod
@@ -137,12 +206,19 @@ class Home:
         home = Path(home)
         cls.check_files(home)
         created = not cls.is_initialised(home)
+        # Before anything is written: a home others may write is refused, one they may read fixed.
+        fixed = make_private(home) if home.is_dir() else []
         if created:
             home.mkdir(parents=True, exist_ok=True, mode=0o700)  # the home holds keys and the control socket
             save_key(home / KEYS_DIR / PEER_KEY, SigningKey.generate())
             create_token(home)  # the local HTTP API's bearer token (0600)
         node = cls.open(home)
         node.created = created
+        try:
+            node.made_private = fixed + [c for c in make_private(home) if c not in fixed]
+        except BaseException:
+            node.close()
+            raise
         return node, created
 
     @classmethod

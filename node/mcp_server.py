@@ -3,6 +3,10 @@
     memmesh --home HOME mcp --agent alpha                                # stdio, as clients spawn it
     memmesh --home HOME mcp --agent alpha --http --listen 127.0.0.1:7413  # Streamable HTTP, loopback
 
+Over HTTP every request carries the node's API token (``Authorization: Bearer`` and the content
+of HOME/api.token, as for the HTTP API; ``BearerGuard``); stdio needs none (the client spawned
+this process as the home's user).
+
 It publishes the agent tools of node/commands/tools.TOOLS (remember, recall, list_memory_banks,
 neighbors) and the auto-recall block as the prompt ``relevant_memories``, with the official SDK's
 ``MCPServer``. It is a transport and nothing more: every call is a registry command (``tool``,
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +47,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
 
 from auth.errors import MemmeshError
+from node.api.token import matches, read_token
 from node.cli import failure, run_command
 from node.commands import ParamsError, Result
 from node.commands.tools import TOOLS, AutoRecall
@@ -276,6 +282,36 @@ def run_stdio(home: Path, agent: str) -> None:
     anyio.run(prepare(home, agent).run_stdio_async)
 
 
+class BearerGuard:
+    """The HTTP transport's door: every HTTP request carries ``Authorization: Bearer <the
+    content of HOME/api.token>`` (the local HTTP API's token), else 401 and nothing of the
+    request reaches the SDK. Anyone who can open a loopback socket could otherwise act as the
+    agent: recall its banks, write signed with its key. The SDK's own auth is OAuth, which a
+    local node has no server for; this is an ASGI wrapper, so lifespan events pass untouched."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], token: str) -> None:
+        self.app = app
+        self._token = token
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]],
+                       send: Callable[..., Awaitable[None]]) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() == "bearer" and value.strip() and matches(value.strip(), self._token):
+            await self.app(scope, receive, send)
+            return
+        message = ("this MCP server needs the node's token: send Authorization: Bearer <the content of "
+                   "HOME/api.token>") if not given else "the bearer token is not this node's (it is in HOME/api.token)"
+        body = json.dumps({"error": {"code": "unauthorized", "message": message}}).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", b'Bearer realm="memmesh"')]})
+        await send({"type": "http.response.body", "body": body})
+
+
 def run_http(home: Path, agent: str, listen: str) -> None:
     """Serve MCP over Streamable HTTP on ``listen`` (a loopback address; Mcp checks it)."""
     import uvicorn
@@ -283,12 +319,16 @@ def run_http(home: Path, agent: str, listen: str) -> None:
     from node.serve import bind_listen
 
     server = prepare(home, agent)
+    token = read_token(home)  # serve made it; the agent's tools need it as the HTTP API does
     sock = bind_listen(listen)
     host, port = sock.getsockname()[:2]
     host = f"[{host}]" if ":" in host else host
-    app = server.streamable_http_app(host=sock.getsockname()[0])
+    app = BearerGuard(server.streamable_http_app(host=sock.getsockname()[0]), token)
     print(f"memmesh: MCP for agent {agent} at http://{host}:{port}/mcp (Streamable HTTP)", file=sys.stderr, flush=True)
     # log_config=None: uvicorn's records go to the process's stderr handler; no access log.
-    config = uvicorn.Config(app, log_config=None, access_log=False, log_level="warning")
+    # Bounded like serve's listeners (docs/operations.md, "Connection limits"): at most 64
+    # connections and tasks at once (503 beyond), idle keep-alive connections closed after 20 s.
+    config = uvicorn.Config(app, log_config=None, access_log=False, log_level="warning",
+                            limit_concurrency=64, timeout_keep_alive=20)
     with sock:
         anyio.run(partial(uvicorn.Server(config).serve, sockets=[sock]))

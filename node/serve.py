@@ -10,6 +10,12 @@ over a control channel, so those never wait on the home's lock:
                       HTTP API's address (``api``, null when off; node/api/) (mode 0600);
                       written once everything answers, removed first on the way out
 
+Every listener is a node/listeners.py GuardedSite: a header read timeout, an idle keep-alive
+timeout, caps per listener and per source address within the file-descriptor limit (raised at
+start), and no accept spin when descriptors run out, so nobody who can open a socket can stall
+the node or starve the control channel. The log folds repeats (node/logthrottle.py) and escapes
+every field (LogFormatter).
+
 Threads: the asyncio loop moves bytes (sync API, control channel, HTTP API); one database thread
 (node.worker.DbThread) runs every call that touches the node, commands included, in order.
 ``node.network`` points at both, so a command that needs the network runs its coroutine on
@@ -40,6 +46,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import stat
@@ -48,9 +55,10 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from auth.errors import MemmeshError
 from node.api.address import api_listen as resolve_api_listen
@@ -64,7 +72,11 @@ from node.control import SERVE_JSON, SERVE_SOCK, AlreadyServing, ServeError, rea
     remove_files, socket_address
 from node.config_apply import reload_config
 from node.events import DatabaseWatch, EventBus
+from node.home import make_private, private_line
 from node.library import Node
+from node.sync.sharing import revoke_old_invite_grants
+from node.listeners import GuardedSite, Limits, reserve_fds
+from node.logthrottle import REPEAT_INTERVAL_S, RepeatFilter
 from node.serve_config import LiveConfig, SyncFlags
 from node.settings import ApiSpec
 from node.sync.messages import MAX_BODY_BYTES
@@ -83,7 +95,11 @@ class LogFormatter(logging.Formatter):
     ``2025-01-02T03:04:05.678Z info listening address=127.0.0.1:7411`` or, as JSON,
     ``{"ts": ..., "level": "info", "event": "listening", "address": "127.0.0.1:7411"}``.
     A plain record (another module's ``log.info("...", args)``) becomes the event ``log`` with
-    its logger and message; a traceback stays on the line (escaped)."""
+    its logger and message; a traceback stays on the line (escaped). A library's record about a
+    peer's fault (a malformed request, a connection gone) keeps one ``error`` field instead of
+    its traceback: nothing of ours failed. ``repeated=N``: N records like it were not written
+    (node/logthrottle.py). Every field is escaped: text from a request (a path with CR or ESC
+    in it) never reaches a terminal or a log parser raw."""
 
     def __init__(self, as_json: bool = False) -> None:
         super().__init__()
@@ -98,20 +114,64 @@ class LogFormatter(logging.Formatter):
             fields["event"] = record.getMessage()
             fields.update(structured)
         else:
-            fields.update({"event": "log", "logger": record.name, "message": record.getMessage()})
-        if record.exc_info:
+            fields.update({"event": "log", "logger": record.name, "message": _message(record)})
+        if record.exc_info and record.exc_info[1] is not None and _peer_fault(record):
+            exc = record.exc_info[1]
+            fields["error"] = _clip(f"{type(exc).__name__}: {exc}")
+        elif record.exc_info:
             fields["traceback"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        repeated = getattr(record, "repeated", None)
+        if repeated:
+            fields["repeated"] = repeated
         if self.as_json:
-            return json.dumps(fields, default=str, ensure_ascii=False)
-        head = f"{fields.pop('ts')} {fields.pop('level')} {fields.pop('event')}"
-        return " ".join([head, *(f"{k}={_value(v)}" for k, v in fields.items())])
+            return _escape(json.dumps(fields, default=str, ensure_ascii=False))
+        head = f"{fields.pop('ts')} {fields.pop('level')} {_word(fields.pop('event'))}"
+        return " ".join([head, *(f"{_word(k)}={_value(v)}" for k, v in fields.items())])
+
+
+# What a terminal or a log parser could act on: C0 and C1 controls, DEL, line and paragraph
+# separators, and the invisible bidi and format marks that reorder what is shown.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+# Records of these loggers describe what a peer did to a connection, not a failure of ours.
+_LIBRARY_NET = ("aiohttp", "asyncio")
+MAX_ERROR_CHARS = 300  # an exception's text can quote request bytes: keep the line short
+
+
+def _escape(text: str) -> str:
+    """``\\uXXXX`` for every unsafe character (valid inside a JSON string, inert in a terminal)."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _word(text: Any) -> str:
+    text = str(text)
+    return text if text and not _UNSAFE.search(text) and not any(c in text for c in ' "=\\') else _value(text)
 
 
 def _value(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v, default=str, ensure_ascii=False)
-    if text and not any(c in text for c in ' "=\n\t\\'):
+    if text and not _UNSAFE.search(text) and not any(c in text for c in ' "=\\'):
         return text
-    return json.dumps(text, ensure_ascii=False)
+    return _escape(json.dumps(text, ensure_ascii=False))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "..."
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception:  # a library's bad format string: still one line
+        return f"{record.msg!r} {record.args!r}"
+
+
+def _peer_fault(record: logging.LogRecord) -> bool:
+    """A library's record whose exception a peer caused (it sent bad HTTP, or went away)."""
+    if record.name.split(".", 1)[0] not in _LIBRARY_NET:
+        return False
+    exc = record.exc_info[1] if record.exc_info else None
+    return isinstance(exc, (HttpProcessingError, web.RequestPayloadError, ConnectionError, TimeoutError,
+                            asyncio.TimeoutError, asyncio.CancelledError, EOFError))
 
 
 def _event(name: str, level: int = logging.INFO, exc_info: Any = None, **fields: Any) -> None:
@@ -119,25 +179,57 @@ def _event(name: str, level: int = logging.INFO, exc_info: Any = None, **fields:
 
 
 @contextlib.contextmanager
-def _logging_to(stream: TextIO, as_json: bool):
+def _logging_to(stream: TextIO, as_json: bool) -> Iterator[logging.Handler]:
     """Every log record of the process, one line each, to ``stream`` for serve's lifetime:
-    memmesh's own at INFO, other libraries' at WARNING."""
+    memmesh's own at INFO, other libraries' at WARNING, repeats folded (node/logthrottle.py)."""
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
     saved_levels = {n: logging.getLogger(n).level for n in ("memmesh", "node")}
     handler = logging.StreamHandler(stream)
     handler.setFormatter(LogFormatter(as_json))
+    handler.addFilter(RepeatFilter())
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
     for n in saved_levels:
         logging.getLogger(n).setLevel(logging.INFO)
+    # Python's warnings and a thread's uncaught exception would print plain text to stderr:
+    # through the handler they are lines of the log like any other (JSON with --log-json).
+    logging.captureWarnings(True)
+    saved_hook = threading.excepthook
+    threading.excepthook = _thread_died
     try:
-        yield
+        yield handler
     finally:
+        _flush_repeats(handler, everything=True)
+        threading.excepthook = saved_hook
+        logging.captureWarnings(False)
         root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
         for n, level in saved_levels.items():
             logging.getLogger(n).setLevel(level)
+
+
+def _thread_died(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    _event("thread.error", logging.ERROR, exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+           thread=getattr(args.thread, "name", None))
+
+
+def _flush_repeats(handler: logging.Handler | None, everything: bool = False) -> None:
+    """Write the counts owed by the handler's RepeatFilter (the bursts whose interval ended)."""
+    if handler is None:
+        return
+    for f in handler.filters:
+        if isinstance(f, RepeatFilter):
+            for record in f.flush(everything):
+                handler.handle(record)
+
+
+async def _flush_repeats_every(handler: logging.Handler | None) -> None:
+    while True:
+        await asyncio.sleep(REPEAT_INTERVAL_S)
+        _flush_repeats(handler)
 
 
 # ---------------------------------------------------------------------- the home's files
@@ -193,17 +285,19 @@ def bind_api(spec: ApiSpec, flag: str | None) -> socket.socket | None:
 
 
 async def start_api(home: Path, sock: socket.socket | None, commands: "CommandRunner",
-                    runners: list[web.AppRunner], live: Live | None = None) -> str | None:
+                    runners: list[web.AppRunner], live: Live | None = None, limits: Limits | None = None) -> str | None:
     """Serve the local HTTP API on ``sock`` (its runner joins ``runners``, so it drains on the way
-    out like the others); its HOST:PORT, None when it is off. ``live``: the event bus it streams."""
+    out like the others); its HOST:PORT, None when it is off. ``live``: the event bus it streams;
+    ``limits``: its connection limits (node/listeners.py)."""
     if sock is None:
         return None
+    limits = limits or Limits()
     runner = web.AppRunner(build_app(commands.run, ensure_token(home), live=live), access_log=None,
-                           shutdown_timeout=DRAIN_S)
+                           shutdown_timeout=DRAIN_S, keepalive_timeout=limits.keepalive_s)
     await runner.setup()
     runners.append(runner)
     host, port = _host_port(sock)
-    await web.SockSite(runner, sock).start()
+    await GuardedSite(runner, sock, limits, "api").start()
     _event("api.listening", address=f"{host}:{port}", openapi=f"http://{host}:{port}/v1/openapi.json")
     return f"{host}:{port}"
 
@@ -349,7 +443,7 @@ def error_line(exc: BaseException, name: str) -> dict[str, Any]:
 @web.middleware
 async def _access_log(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
     t0 = time.monotonic()
-    status = 500
+    status: int | str = 500
     try:
         resp = await handler(request)
         status = resp.status
@@ -357,6 +451,16 @@ async def _access_log(request: web.Request, handler: Callable[[web.Request], Any
     except web.HTTPException as exc:
         status = exc.status
         raise
+    except (ConnectionError, HttpProcessingError, web.RequestPayloadError) as exc:
+        # The peer went away mid-request, or sent a body HTTP cannot frame: its fault, not a 500,
+        # and one line here rather than aiohttp's traceback. Nobody may be left to answer.
+        # (node/sync/http.py answers a cut-off body itself; this catches whatever else escapes.)
+        gone = request.transport is None or request.transport.is_closing()
+        status = "aborted" if gone else 400
+        code = "sync.aborted" if gone else "sync.bad_message"
+        return web.Response(status=400, body=_sync_error(code, f"the request was cut off or could not be framed "
+                                                               f"({type(exc).__name__})"),
+                            content_type="application/msgpack")
     finally:
         fields = {"op": request.match_info.get("op") or request.path, "peer": request.remote, "status": status,
                   "ms": round((time.monotonic() - t0) * 1000, 1)}
@@ -366,6 +470,12 @@ async def _access_log(request: web.Request, handler: Callable[[web.Request], Any
         _event("request", **fields)
 
 
+def _sync_error(code: str, message: str) -> bytes:
+    from node.sync import messages as m
+
+    return m.pack(m.ErrorReply(code, message).encode())
+
+
 # ---------------------------------------------------------------------- running
 def serve(home: Path | str, listen: str | None = None, discovery: bool | None = None,
           log_json: bool = False, interval_s: float | None = None, fanout: int | None = None,
@@ -373,7 +483,7 @@ def serve(home: Path | str, listen: str | None = None, discovery: bool | None = 
     """Open the node in ``home`` and serve it until SIGINT or SIGTERM (the library's entry).
     A sync setting left None comes from config.yaml, else its default (node/serve_config.py)."""
     home = Path(home)
-    refuse_if_serving(home)
+    refuse_if_serving(home, log_json=log_json)
     node = Node.open(home, create=False)
     try:
         return serve_node(node, listen=listen, discovery=discovery, log_json=log_json,
@@ -393,16 +503,27 @@ def serve_node(node: Node, *, listen: str | None = None, discovery: bool | None 
             parse_listen(listen)
     except ValueError as exc:
         raise ServeError(f"serve: listen {exc} (got {listen!r})") from None
+    limits = Limits.from_env()  # a bad MEMMESH_* limit stops serve before anything starts
     check_home_private(node.home)
+    made_private = make_private(node.home)  # nothing of the home readable by others (node/home.py)
     node.verify()  # a damaged home is refused before anything listens or syncs (node/home.py)
-    with _logging_to(log_stream or sys.stderr, log_json):
+    with _logging_to(log_stream or sys.stderr, log_json) as handler:
+        if made_private:
+            _event("home.private", logging.WARNING, note=private_line(node.home, made_private))
+        # Invite keys hold nothing in the settings; older versions granted them Read, which
+        # other replicas would honour until this revocation reaches them.
+        revoked = revoke_old_invite_grants(node)
+        if revoked:
+            _event("invites.old_grants_revoked", keys=revoked)
         return asyncio.run(_serve(node, listen=listen, discovery=discovery, interval_s=interval_s,
-                                  fanout=fanout, registry=registry, advertise=advertise, api_listen=api_listen))
+                                  fanout=fanout, registry=registry, advertise=advertise, api_listen=api_listen,
+                                  log_handler=handler, limits=limits))
 
 
 async def _serve(node: Node, *, listen: str | None, discovery: bool | None, interval_s: float | None,
                  fanout: int | None, registry: Registry, advertise: str | None = None,
-                 api_listen: str | None = None) -> Result:
+                 api_listen: str | None = None, log_handler: logging.Handler | None = None,
+                 limits: Limits | None = None) -> Result:
     loop = asyncio.get_running_loop()
     home = node.home
     stop = asyncio.Event()
@@ -438,6 +559,14 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
         signals.append(signal.SIGHUP)
 
     _event("start", home=str(home), pid=os.getpid(), node_key=str(node.peer_key.public))
+    # Connection limits (node/listeners.py): the network listeners' caps stay within what the
+    # descriptor limit leaves after a reserve, so the control socket always has some.
+    fds_each = reserve_fds(3)  # sync, API, control
+    net_limits = (limits or Limits()).within(fds_each)
+    ctl_limits = Limits(head_timeout_s=None, per_source=None, per_listener=fds_each)
+    _event("limits", head_timeout_s=net_limits.head_timeout_s, keepalive_s=net_limits.keepalive_s,
+           per_listener=net_limits.per_listener, per_source=net_limits.per_source, control=fds_each)
+    flusher = asyncio.ensure_future(_flush_repeats_every(log_handler))
     stale = read_info(home)
     if stale is not None or (home / SERVE_SOCK).exists():
         # We hold the home's lock, so no other serve runs: these are a dead serve's files.
@@ -483,10 +612,10 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
         live.attach(node, sync)  # from here on a reload reaches the daemon
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_access_log])
         sync.add_routes(app)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S, keepalive_timeout=net_limits.keepalive_s)
         await runner.setup()
         runners.append(runner)
-        await web.SockSite(runner, tcp_sock).start()
+        await GuardedSite(runner, tcp_sock, net_limits, "sync").start()
         tcp_sock = None  # the site owns it now
         _event("listening", address=f"{host}:{port}", sync=f"http://{host}:{port}/sync/v1/")
 
@@ -497,11 +626,11 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
         ctl_runner = web.AppRunner(channel.app(), access_log=None, shutdown_timeout=DRAIN_S)
         await ctl_runner.setup()
         runners.append(ctl_runner)
-        await web.SockSite(ctl_runner, ctl_sock).start()
+        await GuardedSite(ctl_runner, ctl_sock, ctl_limits, "control").start()
         ctl_sock = None
         _event("control.listening", socket=str(sock_path), mode="0600")
         info["api"] = await start_api(home, api_sock, channel.commands, runners,
-                                      Live(bus, str(node.peer_key.public)))
+                                      Live(bus, str(node.peer_key.public)), net_limits)
         api_sock = None  # the API's site owns it now (or it was off)
 
         sync_started = True  # from here on stop() is owed, even if start() fails half-way
@@ -537,6 +666,7 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
             (home / SERVE_SOCK).unlink()
         for sig in signals:
             loop.remove_signal_handler(sig)
+        flusher.cancel()
         _event("stop", pid=os.getpid(), signal=stopped_by[0] if stopped_by else None)
     return Result({"pid": os.getpid(), "listen": info.get("listen"), "signal": stopped_by[0] if stopped_by else None},
                   "")

@@ -406,7 +406,7 @@ class _Tree:
                 line = key_node.start_mark.line + 1
                 if key in first:
                     where = f"{_where(path)}: " if path else ""
-                    raise self.error(key_node, f"{where}key {key!r} appears twice (first at line {first[key]})")
+                    raise self.error(key_node, f"{where}key {_shown(key)} appears twice (first at line {first[key]})")
                 first[key] = line
                 self.lines[(*path, key)] = line
                 out[key] = self.value(value_node, (*path, key))
@@ -437,6 +437,8 @@ def _where(loc: Loc) -> str:
     """``agents[0].allowed_tools[1]``: a location as people read it."""
     out = ""
     for part in loc:
+        if not isinstance(part, int):  # a key from the text: the offending token, bounded like a value
+            part = str(part) if len(str(part)) <= 40 else str(part)[:37] + "..."
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
@@ -492,7 +494,9 @@ def _problem(e: Any) -> str:
         message = PATTERN_WORDS[e["ctx"]["pattern"]]
     else:
         message = e["msg"].removeprefix("Value error, ").removeprefix("Input ")
-    if not any(part in SECRET_KEYS for part in loc):
+    # The offending value, bounded (_shown); never for the whole document (loc empty): a file
+    # that is not a mapping at all is not config text, and its start is nobody's business.
+    if loc and not any(part in SECRET_KEYS for part in loc):
         message += f" (got {_shown(e['input'])})"
     return f"{where}: {message}" if where else message
 
@@ -572,7 +576,7 @@ TEMPLATE = """\
 def write_template(home: Path) -> bool:
     """Write the commented template as HOME/config.yaml unless a config is there already."""
     try:
-        fd = os.open(Path(home) / CONFIG_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(Path(home) / CONFIG_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -263,6 +263,20 @@ _LARGEST_WRITE = 65536 + 24  # one WAL frame of the largest page size
 _NEARLY_FULL = 1 << 20  # free bytes below which an I/O error is taken for a full disk
 
 
+def _create_private(path: str) -> None:
+    """Create the storage file empty with mode 0600 before SQLite does: SQLite would create it
+    under the umask (0644 as a rule), and it gives the -wal and -shm files the main file's mode,
+    so the memories are readable by no other user whatever the umask."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except (OSError, ValueError):  # there already, or cannot be: SQLite's own error says why
+        return
+    try:
+        os.fchmod(fd, 0o600)  # a umask that took the owner's bits too would leave it unwritable
+    finally:
+        os.close(fd)
+
+
 class SqliteStorage(Storage):
     """Durable storage in one SQLite file (WAL mode)."""
 
@@ -292,6 +306,8 @@ class SqliteStorage(Storage):
         self._db_keys: dict[str, int] = {}
         self._conn: sqlite3.Connection | None = None
         head = self._read_head()  # before SQLite: its errors do not say whose file it is
+        if head is None and self.path != ":memory:":
+            _create_private(self.path)
         try:
             # isolation_level=None: no implicit transactions; we BEGIN/COMMIT explicitly.
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)

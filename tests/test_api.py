@@ -152,6 +152,7 @@ EXAMPLES: list[tuple[str, str, Any, int]] = [
     ("POST", "/v1/memory/new", {"name": "scratch", "description": "for a while"}, 200),
     ("POST", "/v1/memory/grant", {"bank": "scratch", "agent": "beta", "perm": "read"}, 200),
     ("POST", "/v1/memory/revoke", {"bank": "scratch", "agent": "beta"}, 200),
+    ("POST", "/v1/memory/grants", {"bank": "scratch"}, 200),
     ("POST", "/v1/memory/attach", {"bank": "notes", "agent": "alpha", "session": "s1"}, 200),
     ("POST", "/v1/memory/detach", {"bank": "notes", "agent": "alpha", "session": "s1"}, 200),
     ("POST", "/v1/memory/config", {"agent": "alpha", "action": "set", "key": "max_entries", "value": 5}, 200),

@@ -66,7 +66,7 @@ def test_every_memory_command_is_a_subcommand_and_help_lists_them():
 
 @pytest.mark.parametrize("command, usage", [
     ("memory.new", "/memory new NAME [DESCRIPTION]"),
-    ("memory.grant", "/memory grant BANK AGENT read|write"),
+    ("memory.grant", "/memory grant BANK WHO read|write"),  # WHO: an agent, a key or a label
     ("memory.attach", "/memory attach BANK"),  # agent and session: the caller's
     ("memory.config", "/memory config show|set|reset [KEY] [VALUE]"),
     ("memory.share", "/memory share BANK [--perm admin|write|read] [--for PEERKEY] [--expires DURATION]"),
@@ -218,7 +218,7 @@ def test_help(node):
     before = state(node)
     for line in ("/memory", "/memory help", "!memmesh memory help"):
         out = say(node, line)
-        assert "/memory grant BANK AGENT read|write" in out.text and len(out.data["subcommands"]) >= 12
+        assert "/memory grant BANK WHO read|write" in out.text and len(out.data["subcommands"]) >= 12
     one = say(node, "/memory help attach")
     assert one.text.startswith("usage: /memory attach BANK") and one.data["from_caller"] == ["agent", "session"]
     assert "BANK: a bank name" in one.text
@@ -229,13 +229,13 @@ def test_help(node):
 
 
 @pytest.mark.parametrize("line, says", [
-    ("/memory grant notes beta", "missing read|write; usage: /memory grant BANK AGENT read|write"),
+    ("/memory grant notes beta", "missing read|write; usage: /memory grant BANK WHO read|write"),
     ("/memory new", "missing NAME; usage: /memory new NAME [DESCRIPTION]"),
     ("/memory config", "missing show|set|reset; usage: /memory config"),
     ("/memory frobnicate notes", "unknown /memory subcommand 'frobnicate'; subcommands: new, list"),
     ("/memory help frobnicate", "unknown /memory subcommand 'frobnicate'"),
     ("/memory grant notes beta admin",
-     "/memory grant: perm should be 'read' or 'write' (got 'admin'); usage: /memory grant BANK AGENT read|write"),
+     "/memory grant: perm should be 'read' or 'write' (got 'admin'); usage: /memory grant BANK WHO read|write"),
     ("/memory config frob", "action should be 'show', 'set' or 'reset' (got 'frob'); usage: /memory config"),
     ("/memory config set max_entries", "set needs a key and a value; usage: /memory config"),
     ("/memory share notes --perm owner", "perm should be 'admin', 'write' or 'read'"),
@@ -243,7 +243,7 @@ def test_help(node):
     ("/memory attach notes --agent beta", "unknown option --agent (takes no options); usage: /memory attach BANK"),
     ("/memory share notes --expires", "--expires needs DURATION; usage: /memory share"),
     ("/memory share notes --perm read --perm write", "--perm is given twice"),
-    ("/memory grant notes beta read now", "unexpected 'now'; usage: /memory grant BANK AGENT read|write"),
+    ("/memory grant notes beta read now", "unexpected 'now'; usage: /memory grant BANK WHO read|write"),
     ("/memory list everything", "unexpected 'everything'; usage: /memory list"),
     ('/memory new notes2 "Shared notes', "unbalanced quote (no closing quotation)"),
     ("/memory new notes2 Alice's notes", "unbalanced quote"),
@@ -286,4 +286,4 @@ def test_the_cli_runs_a_line(tmp_path, capsys):
     assert [(b["name"], b["description"]) for b in listed["banks"]] == [("team-notes", "Shared notes")]
     assert main(["--home", str(home), "command", "alpha", "/memory grant team-notes alpha"]) == 1
     err = capsys.readouterr().err
-    assert err == "memmesh: error: missing read|write; usage: /memory grant BANK AGENT read|write\n"
+    assert err == "memmesh: error: missing read|write; usage: /memory grant BANK WHO read|write\n"

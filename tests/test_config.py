@@ -36,15 +36,6 @@ sync:
 """
 
 
-@pytest.fixture
-def home(tmp_path) -> Path:
-    h = tmp_path / "node"
-    node, _ = Node.init(h)
-    with node:
-        node.run("embedder.set", {"provider": "none"})
-    return h
-
-
 def _write(home: Path, text: str) -> Path:
     path = home / CONFIG_FILE
     path.write_text(text)

@@ -20,10 +20,13 @@ from typing import Any, AsyncIterator
 import pytest
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 import node
 from node import Node
+from node.api.token import read_token
 from node.cli import failure, main, run_command
 from node.commands import REGISTRY
 from node.commands.mcp import McpNotInstalled
@@ -65,6 +68,13 @@ def served(tmp_path_factory) -> Any:
         yield serve.wait_ready()
     finally:
         serve.stop()
+
+
+def authorized(address: str, home: Path) -> Any:
+    """The Streamable HTTP transport to ``address`` with the node's API token, as clients pass it."""
+    token = read_token(home)
+    return streamable_http_client(address, http_client=create_mcp_http_client(
+        headers={"Authorization": f"Bearer {token}"}))
 
 
 def fingerprint(serve: Serve) -> list[tuple[str, int, list[str]]]:
@@ -397,7 +407,7 @@ async def test_the_streamable_http_transport_serves_the_same_tools_on_loopback(s
             return lines[0].split(" at ", 1)[1].split()[0] if lines else None
         address = until(url, 30, "memmesh mcp --http to listen")
         assert address.startswith("http://127.0.0.1:") and address.endswith("/mcp")
-        async with Client(address) as client:
+        async with Client(authorized(address, served.home)) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
             assert tools["recall"].input_schema == TOOLS["recall"].args.model_json_schema()
             done = await client.call_tool("remember", {"key": "http key", "value": "over streamable http"})

@@ -42,15 +42,6 @@ CLI = [sys.executable, "-m", "node.cli"]
 START_TIMEOUT_S = 20.0  # a cold interpreter importing memmesh; usually about a second
 
 
-@pytest.fixture
-def home(tmp_path) -> Path:
-    h = tmp_path / "node"
-    node, _ = Node.init(h)
-    with node:
-        node.run("embedder.set", {"provider": "none"})
-    return h
-
-
 class Server:
     """A `memmesh serve` process on a free port, its log in a file."""
 

@@ -64,7 +64,7 @@ async def test_invite_ticket_with_admin_then_grant_a_local_agent(issuer, tmp_pat
     b_perm = bank.db.permission(str(b.peer_key.public))
     assert b_perm.level == "admin" and b_perm.priority > issuer_perm.priority
     invite = decode(share["ticket"]).invite
-    assert a_db.settings().get(invite).status == "revoked"
+    assert a_db.settings().get(invite) is None  # the invite key never held anything there
     # B administers the bank now: it grants its own agent.
     b.run("agent.new", {"name": "gamma"})
     b.run("memory.grant", {"bank": "project-notes", "agent": "gamma", "perm": "write"})
@@ -133,12 +133,14 @@ async def test_unshare_stops_serving(issuer, tmp_path):
     share = issuer.run("memory.share", {"bank": "project-notes", "perm": "read"}).data
     issuer.run("memory.unshare", {"bank": "project-notes"})
     b = _home(tmp_path, "b")
-    with pytest.raises(sharing.ShareError, match="did not accept the invite: no such database"):
+    with pytest.raises(TicketRejected, match="ended this invite when the bank was unshared") as ended:
         await sharing.import_ticket(b, share["ticket"], "read", None, run_here)
-    assert b.registry.banks() == []
-    # The invite was not spent on a bank that is not served: sharing again serves it.
-    issuer.run("memory.share", {"bank": "project-notes", "perm": "read"})
-    imported = await sharing.import_ticket(b, share["ticket"], "read", None, run_here)
+    assert ended.value.reason == "ticket.ended" and _nothing_written(b, share["db"])
+    # Unsharing ended the invite for good: sharing again serves the bank to new tickets only.
+    again = issuer.run("memory.share", {"bank": "project-notes", "perm": "read"}).data
+    with pytest.raises(TicketRejected, match="ended"):
+        await sharing.import_ticket(b, share["ticket"], "read", None, run_here)
+    imported = await sharing.import_ticket(b, again["ticket"], "read", None, run_here)
     assert imported.perm == "read"
     b.close()
 

@@ -308,3 +308,24 @@ def test_a_payload_that_has_not_arrived_is_fetched_again(bank):
     server, _ = _server(bank)
     _run(Exchange(mine, str(PEER_B.public)), Client(PEER_A), server, str(PEER_B.public))
     assert mine.payload_state(target, "memory") == "present" and state(mine) == state(bank)
+
+
+def test_a_large_pulled_page_is_taken_in_slices(bank, monkeypatch):
+    """A pulled page is ingested a slice at a time (the driver runs each slice as its own job
+    on the database thread, so other work runs in between); the result is the same as whole."""
+    import node.sync.protocol as protocol
+    monkeypatch.setattr(protocol, "SLICE_S", 0.0)  # every chunk ends a slice
+    server, _ = _server(bank)
+    client = Client(PEER_A)
+    mine = _fresh(bank.id)
+    ex = Exchange(mine, str(PEER_B.public))
+    target = str(PEER_B.public)
+    ex.on_reply(_send(client, server, target, ex.next_message()))  # feeds
+    ex.on_reply(_send(client, server, target, ex.next_message()))  # one pull page: every entry
+    slices = 1
+    while ex.working():
+        ex.work()
+        slices += 1
+    assert slices == -(-len(bank) // protocol.PUSH_SLICE_ENTRIES) > 1
+    assert ex.stats.pulled == len(bank) and state(mine) == state(bank)
+    assert ex.next_message() is None and ex.done

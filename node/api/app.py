@@ -2,10 +2,13 @@
 
     app = build_app(run, token)      # run(name, params) -> Result, awaited (serve's runner)
 
-Per request, in order: the bearer token (every route but ``GET /v1/openapi.json``, the page's
-files and ``GET /v1/health``; compared in constant time), the body (at most MAX_BODY_BYTES,
-``application/json``, a JSON object; no query parameters anywhere but ``GET /v1/events``'s), the route's parameters (path values merged into the body), then
-the command, run by name exactly as the control channel runs it. The answer is
+Per request, in order: the Host header (every route: it must name the address the request
+arrived on, or a localhost form of it with the same port; else 421, so a page a browser loaded
+from another site by DNS rebinding reaches nothing, not even the public routes), the bearer
+token (every route but ``GET /v1/openapi.json``, the page's files and ``GET /v1/health``;
+compared in constant time), the body (at most MAX_BODY_BYTES and MAX_JSON_DEPTH,
+``application/json``, a JSON object; no query parameters anywhere but ``GET /v1/events``'s),
+the route's parameters (path values merged into the body), then the command, run by name exactly as the control channel runs it. The answer is
 ``{"data", "text", "warnings"}`` or ``{"error": {"code", "message"}}`` (node/api/errors.py).
 Nothing is validated here that the command's model validates: bad parameters are refused by
 the registry before the handler runs, so they change nothing.
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
+from itertools import accumulate
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -33,6 +38,12 @@ from node.commands.registry import Registry
 from node.commands.result import Result
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a memory's value is at most a few KiB; nothing needs more
+# No command takes parameters nested more than a few levels (edges, a config value's mapping);
+# 64 is far above that and far below what recursion in the decoder or the validator could hit.
+MAX_JSON_DEPTH = 64
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_DEPTH = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 Runner = Callable[[str, dict[str, Any]], Awaitable[Result]]
 ROUTES = web.AppKey("routes", list)
 OPS = web.AppKey("ops", dict)  # (method, path template) -> the command's name, for the log
@@ -46,7 +57,7 @@ def build_app(run: Runner, token: str, *, registry: Registry = REGISTRY, live: L
     event bus and node key for the event stream and health (node/api/live.py)."""
     routes = build_routes(registry)
     # Errors outermost, so that a refused token is rendered (and logged) like any other error.
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors, _bearer(token)])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors, _host, _bearer(token)])
     app[ROUTES] = routes
     app[OPS] = {(r.method, r.path): r.command.name for r in routes}
     app[DOCUMENT] = document(routes)
@@ -88,13 +99,32 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if request.content_type != "application/json":
         raise HttpError(errors.UNSUPPORTED_MEDIA_TYPE,
                         f"the body must be application/json (got {request.content_type or 'no content type'})")
+    if _nesting(raw) > MAX_JSON_DEPTH:
+        raise _too_deep()
     try:
         value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise HttpError(errors.INVALID_JSON, f"the body is not valid JSON: {_why(exc)}") from None
+    except RecursionError:  # not reached past the scan above; a last guard, never a 500
+        raise _too_deep() from None
     if not isinstance(value, dict):
         raise HttpError(errors.INVALID_JSON, f"the body must be a JSON object, got {_json_type(value)}")
     return value
+
+
+def _nesting(raw: bytes) -> int:
+    """How deep the body's arrays and objects nest, at most (brackets in strings do not count),
+    found without decoding it: a body nested 100,000 deep must be refused before json.loads
+    recurses into it. Malformed text gives some number; json.loads then says what is wrong."""
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(_DEPTH[b] for b in brackets), default=0)
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in _DEPTH)
+
+
+def _too_deep() -> HttpError:
+    return HttpError(errors.INVALID_JSON, f"the body nests arrays and objects more than {MAX_JSON_DEPTH} deep")
 
 
 def _too_large(size: int | None) -> HttpError:
@@ -120,6 +150,34 @@ def _json_type(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------- middlewares
+@web.middleware
+async def _host(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                ) -> web.StreamResponse:
+    """Only a request that names this API answers: a DNS-rebinding page's requests carry its
+    own host name, though they reach 127.0.0.1. Compared with the address the connection
+    arrived on, so it holds for any --api-listen (and port 0) without being told."""
+    given = request.headers.get("Host", "")
+    if not host_allowed(given, request.transport.get_extra_info("sockname") if request.transport else None):
+        shown = given if given.isprintable() and len(given) <= 80 else repr(given[:80])
+        raise HttpError(errors.MISDIRECTED, f"the Host header {shown!r} does not name this API; use the address it "
+                                            "listens on (or localhost, 127.0.0.1, [::1]) with its port")
+    return await handler(request)
+
+
+def host_allowed(host: str, sockname: Any) -> bool:
+    """Whether a Host header value names the local address ``sockname`` (the socket's own
+    address, a tuple) or a localhost form of it, with the same port."""
+    if not sockname or not isinstance(sockname, tuple):
+        return False
+    local, port = str(sockname[0]), int(sockname[1])
+    name, _, given_port = host.strip().lower().rpartition(":")
+    if not name or "]" in given_port:  # no port (or a bare IPv6 literal): only port 80 is implied
+        name, given_port = host.strip().lower(), "80"
+    if not given_port.isascii() or not given_port.isdigit() or int(given_port) != port:
+        return False
+    return name in LOCAL_HOSTS or name == (f"[{local}]" if ":" in local else local)
+
+
 def _bearer(token: str) -> Any:
     @web.middleware
     async def bearer(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -30,6 +30,8 @@ FORBIDDEN = Kind(403, "forbidden", "the database's settings do not allow it")
 TOOL_NOT_ALLOWED = Kind(403, "tool_not_allowed", "the agent's allowed_tools in config.yaml exclude the tool")
 NOT_FOUND = Kind(404, "not_found", "no such route, agent, bank or entry")
 METHOD_NOT_ALLOWED = Kind(405, "method_not_allowed", "the route exists with another method")
+MISDIRECTED = Kind(421, "misdirected_request",
+                   "the Host header does not name the address the API listens on (a DNS-rebinding guard)")
 CONFLICT = Kind(409, "conflict", "the name is taken")
 BODY_TOO_LARGE = Kind(413, "body_too_large", "the body is over the limit")
 UNSUPPORTED_MEDIA_TYPE = Kind(415, "unsupported_media_type", "the body is not application/json")
@@ -37,7 +39,7 @@ REFUSED = Kind(422, "refused", "the node refused the command; the message says w
 INTERNAL = Kind(500, "internal", "a bug: serve's log has the details")
 
 KINDS = (INVALID_JSON, INVALID_PARAMS, UNAUTHORIZED, FORBIDDEN, TOOL_NOT_ALLOWED, NOT_FOUND, METHOD_NOT_ALLOWED,
-         CONFLICT, BODY_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, REFUSED, INTERNAL)
+         MISDIRECTED, CONFLICT, BODY_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, REFUSED, INTERNAL)
 CODES = tuple(k.code for k in KINDS)
 
 # What a command's exception means for HTTP; the most specific class in the exception's MRO wins.

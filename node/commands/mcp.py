@@ -1,4 +1,5 @@
-"""mcp: serve one agent's tools to an MCP client, over stdio (or Streamable HTTP on loopback).
+"""mcp: serve one agent's tools to an MCP client, over stdio (or Streamable HTTP on loopback,
+where every request needs the node's API token, HOME/api.token, as a bearer token).
 
 A *standalone* command: a transport that runs in the caller's process on the home's path. It
 never opens the node and is never sent to serve; every call it makes goes through the home's
@@ -41,9 +42,9 @@ class Mcp(Params):
         if value is not None:
             host, _ = parse_listen(value)
             if host not in LOOPBACK_HOSTS:
-                # The HTTP transport has no authentication: anyone who reaches it acts as the agent.
+                # Its bearer token travels in clear over plain HTTP: never off this machine.
                 raise ValueError("should be a loopback address (127.0.0.1, localhost or [::1]): "
-                                 "the MCP transport has no authentication")
+                                 "the MCP transport's token travels in clear over plain HTTP")
         return value
 
     @model_validator(mode="after")

@@ -20,10 +20,12 @@ if TYPE_CHECKING:
     from node.sync.state import LinkStatus
 
 PEER_SOURCE = "peer:"
+NO_GRANT = "sync.no_grant"  # node/sync/readers.py: a link stopped because the peer may not read the bank
 
 
 @command("init", NoParams, "create the node: peer key and data directory", creates_home=True)
 def init(node: "Node", p: NoParams) -> Result:
+    from node.home import make_private, private_line
     from node.settings import CONFIG_FILE, write_template
 
     peer = str(node.peer_key.public)
@@ -35,8 +37,11 @@ def init(node: "Node", p: NoParams) -> Result:
         text = f"memmesh node already initialised in {node.home}{unchanged}\npeer key: {peer}"
     if config_written:
         text += f"\nwrote {node.home / CONFIG_FILE} (every key commented out: the defaults)"
+    made_private = node.made_private + [c for c in make_private(node.home) if c not in node.made_private]
+    if made_private:
+        text += "\n" + private_line(node.home, made_private)
     return Result({"home": str(node.home), "peer_key": peer, "created": node.created,
-                   "config_written": config_written}, text)
+                   "config_written": config_written, "made_private": made_private}, text)
 
 
 # ---------------------------------------------------------------------------- the numbers
@@ -56,12 +61,15 @@ def peer_refusals(db: "Database", peer: str) -> dict[str, int]:
 
 
 def link_view(node: "Node", db: "Database", link: "LinkStatus", t: int) -> dict[str, Any]:
-    """One bank and one peer: exact lag, the last exchange, backoff, traffic, refusals."""
+    """One bank and one peer: exact lag, the last exchange, backoff, traffic, refusals, and
+    ``not_sent``: why nothing of the bank goes to that peer now (it may not read it), else None."""
+    from node.sync.readers import refusal
     from node.sync.state import lag
 
     rec = node.sync.peers.get(link.db, link.peer)
     exact = lag(db, link)
-    return {"peer": link.peer, "peer_lacks": exact.peer_lacks, "we_lack": exact.we_lack,
+    return {"peer": link.peer, "not_sent": refusal(node, db, link.peer), "peer_lacks": exact.peer_lacks,
+            "we_lack": exact.we_lack,
             "last_exchange_ms": link.last_success_ms, "last_attempt_ms": link.last_attempt_ms or None,
             "feeds_seen_ms": link.feeds_ms, "last_error": link.last_error,
             "backoff_ms": max(0, rec.next_try_ms - t) if rec else 0,
@@ -71,10 +79,15 @@ def link_view(node: "Node", db: "Database", link: "LinkStatus", t: int) -> dict[
 def bank_sync(node: "Node", db: "Database", t: int, stale_ms: int) -> dict[str, Any]:
     """Per peer of the bank (every link the daemon recorded), and the bank's worst of them."""
     peers = [link_view(node, db, link, t) for link in node.sync.links(db.id)]
+    # A link the daemon stopped because the peer may not read the bank is not stale: nothing
+    # is sent to it on purpose (its last_error says why).
+    sent = {p["peer"] for p in peers if not (p["last_error"] or "").startswith(NO_GRANT)}
     worst = max((max(p["peer_lacks"], p["we_lack"]) for p in peers), default=0)
     completes = [p["last_exchange_ms"] for p in peers if p["last_exchange_ms"] is not None]
     stale_since = None
     for link in node.sync.links(db.id):
+        if link.peer not in sent:
+            continue
         since = (link.last_success_ms if link.last_success_ms is not None else link.since_ms) + stale_ms
         if since <= t and (stale_since is None or since < stale_since):
             stale_since = since
@@ -240,6 +253,8 @@ def render_status(data: dict[str, Any], t: int) -> str:
             lines.append(f"    sync: {sync_line(d, t)}")
         for p in d["sync"]["peers"]:
             state = f"error: {p['last_error']}" if p["last_error"] else "ok"
+            if p.get("not_sent") and not (p["last_error"] or "").startswith(NO_GRANT):
+                state += f"; nothing is sent to it now: {p['not_sent']}"
             backoff = f", backing off {p['backoff_ms'] // 1000 + 1} s" if p["backoff_ms"] else ""
             lines.append(f"      {short(p['peer'])}: last exchange {ago(p['last_exchange_ms'], t)}, "
                          f"we lack {p['we_lack']}, it lacks {p['peer_lacks']}, {state}{backoff}")

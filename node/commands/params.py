@@ -9,10 +9,11 @@ marker (``Annotated[str, Cli(positional=True)]``), which pydantic keeps and igno
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, model_validator
 
 from auth.errors import MemmeshError
 from node.strict import StrictModel
@@ -22,9 +23,35 @@ class ParamsError(MemmeshError):
     """Parameters a command refuses; nothing was changed. The message says what to fix."""
 
 
+# Parameters that name something the node looks up (an agent, a bank, a database, a key): a
+# control character in one is never a real name, and NUL reaches storage's own checks as a bug.
+NAME_FIELDS = frozenset({"agent", "agents", "bank", "banks", "ref", "db", "who", "name"})
+
+
+def control_character(text: str) -> str | None:
+    """The first control character of ``text`` (NUL, ESC, a line break, DEL, ...), or None."""
+    return next((c for c in text if unicodedata.category(c) == "Cc"), None)
+
+
 class Params(StrictModel):
     """Base of every command's parameters (strict types, unknown fields refused, null = the
-    default: node/strict.py), so every transport accepts exactly what the schema says."""
+    default: node/strict.py), so every transport accepts exactly what the schema says. A name
+    (``NAME_FIELDS``) with a control character is refused here, once for every command and
+    transport (CLI, HTTP, MCP tools, chat lines), before any lookup."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _printable_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name in sorted(NAME_FIELDS & data.keys()):
+            value = data[name]
+            for item in value if isinstance(value, list) else [value]:
+                bad = control_character(item) if isinstance(item, str) else None
+                if bad is not None:
+                    raise ValueError(f"{name} must not contain control characters (got {_shown(item)}, "
+                                     f"which holds {bad!r})")
+        return data
 
 
 @dataclass(frozen=True)
@@ -35,7 +62,10 @@ class Cli:
     repeatable options, ``dict`` fields are JSON text. ``env``: the option names an environment
     variable whose value is the parameter, so a secret never stands on the command line.
     ``path``: the value is a file path, made absolute against the caller's working directory,
-    so a command sent to a running serve reads the file the caller meant.
+    so a command sent to a running serve reads the file the caller meant. ``read``: the value
+    is a file the CLI process reads itself; the parameter is its text, and the file's absolute
+    path goes into the parameter ``read`` names (for messages only). serve then never opens a
+    path a request gives: the caller reads what the caller may read.
     """
 
     positional: bool = False
@@ -43,6 +73,7 @@ class Cli:
     metavar: str | None = None
     env: bool = False
     path: bool = False
+    read: str | None = None
 
 
 AgentName = Annotated[str, Cli(positional=True), Field(description="the agent's name")]
@@ -126,4 +157,4 @@ def _json_type(value: Any) -> str:
 
 
 __all__ = ["AgentName", "AgentParams", "BankRef", "Cli", "NoParams", "OptionalBank", "Params",
-           "ParamsError", "describe", "parse"]
+           "ParamsError", "control_character", "describe", "parse"]

@@ -60,14 +60,18 @@ class MemoryUnshare(Params):
     bank: BankRef
 
 
-@command("memory.unshare", MemoryUnshare, "stop serving a bank to peers (keys they hold stay granted)")
+@command("memory.unshare", MemoryUnshare, "stop serving a bank to peers and end its unredeemed invites "
+                                           "(keys they hold stay granted)")
 def memory_unshare(node: "Node", p: MemoryUnshare) -> Result:
-    name, was = sharing.unshare(node, p.bank)
-    if was:
-        node.network.publish("bank.unshared", {"db": node.agents.resolve(p.bank).db.id, "bank": name})
-    text = (f"{name} is no longer served to peers; keys already granted stay in its settings "
-            f"(revoke them with memmesh memory revoke)") if was else f"{name} was not shared; nothing changed"
-    return Result({"bank": name, "was_shared": was}, text)
+    done = sharing.unshare(node, p.bank)
+    if done.was_shared:
+        node.network.publish("bank.unshared", {"db": done.db, "bank": done.bank})
+    ended = (f"; {done.invites_ended} unredeemed invite{'s' if done.invites_ended != 1 else ''} ended"
+             if done.invites_ended else "")
+    text = (f"{done.bank} is no longer served to peers{ended}; keys already granted stay in its settings "
+            f"(revoke them with memmesh memory revoke)") if done.was_shared else (
+        f"{done.bank} was not shared{ended or '; nothing changed'}")
+    return Result({"bank": done.bank, "was_shared": done.was_shared, "invites_ended": done.invites_ended}, text)
 
 
 class MemoryImport(Params):

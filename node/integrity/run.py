@@ -343,7 +343,7 @@ def _heal(home: Path, storage: SqliteStorage, keys: KeyCheck, lock_fd: int | Non
         if events is not None:
             events({"event": "progress", "bank": "fetch from peers", "done": 0, "total": len(fetch), "unit": "database"})
         try:
-            exchanges = node.network.run(lambda run: sync_now(node, fetch, None, run))
+            exchanges = node.network.run(lambda run: sync_now(node, fetch, None, run, repairing=True))
         except (MemmeshError, OSError) as exc:
             exchanges = [{"db": d, "peer": "?", "address": "-", "ok": False, "error": str(exc), "pulled": 0,
                           "pushed": 0} for d in fetch]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +25,15 @@ from auth.ops import GrantOp, RevokeOp
 from auth.permissions import Permission, holds
 from crdt.database import Database
 from node.home import Home
-from node.registry import AgentRecord, BankRecord, NameError_, NameTaken, UnknownName, check_name
+from node.file_check import clean
+from node.registry import NAME_RE, AgentRecord, BankRecord, NameError_, NameTaken, UnknownName, check_name
 
 log = logging.getLogger(__name__)
 
 BANKS_STORE = "memory_banks"
 CONFIG_STORE = "config"
 WRITE_PRIORITY = 10  # agents write at Write(10); bank and agent root keys hold Admin(0)
+DB_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")  # a database id is its root entry's id
 
 CONFIG_DEFAULTS: dict[str, Any] = {
     "auto_recall_enabled": True,
@@ -255,6 +258,38 @@ class BankRef:
     kind: str  # "bank" | "agent"
 
 
+class NotGranted(UnknownName):
+    """A key that a bank's settings do not mention: there is nothing of it to revoke."""
+
+
+@dataclass(frozen=True)
+class Grantee:
+    """Whom a grant or revocation is for: a key, and the local agent it belongs to, if any
+    (whose database then also gets, or loses, the bank's reference)."""
+
+    key: str
+    agent: Agent | None = None
+    label: str = ""  # how the operator named it (an agent's name, a key, a label of memory grants)
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.key
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a grant or revocation wrote: a signed settings entry, the agent's reference, both,
+    or neither (the key already held what was asked)."""
+
+    settings: bool = False
+    ref: bool = False
+    warning: str | None = None
+
+    @property
+    def wrote(self) -> bool:
+        return self.settings or self.ref
+
+
 class Agents:
     """Creates and finds agents and banks on one node."""
 
@@ -277,10 +312,13 @@ class Agents:
         return Agent(name, key, db)
 
     def agent(self, name: str) -> Agent:
-        rec = self.registry.agent(name) if name else None
+        # A malformed name (NUL, control characters) names no agent: storage would refuse it.
+        rec = self.registry.agent(name) if isinstance(name, str) and NAME_RE.match(name) else None
         if rec is None:
             known = ", ".join(r.name for r in self.registry.agents()) or "none yet"
-            raise UnknownName(f"no agent named {name!r} (agents: {known}); create one with: memmesh agent new {name}")
+            shown = name if isinstance(name, str) and NAME_RE.match(name) else "NAME"
+            raise UnknownName(f"no agent named {clean(repr(name), 80)} (agents: {known}); "
+                              f"create one with: memmesh agent new {shown}")
         db = self.home.database(rec.db_id)
         return Agent(rec.name, self.home.load_creator_key(rec.key_name, db), db)
 
@@ -304,6 +342,9 @@ class Agents:
         """A bank reference: a bank name, an agent name (its own DB), or a database id."""
         if not isinstance(ref, str) or not ref:
             raise NameError_("a bank reference is a bank name, an agent name or a database id")
+        if not (NAME_RE.match(ref) or DB_ID_RE.match(ref)):
+            raise UnknownName(f"no bank {clean(repr(ref), 80)} on this node: a bank reference is a name (letters, "
+                              "digits, '.', '_', '-') or a database id (sha256: and 64 hex digits)")
         rec = self.registry.bank(ref)
         if rec is not None:
             return BankRef(rec.name, self.home.database(rec.db_id), self.home.load_key(rec.key_name), "bank")
@@ -336,49 +377,107 @@ class Agents:
         return db_id
 
     def delete_bank(self, ref: str) -> BankRecord:
-        rec = self.registry.bank(ref) or next((b for b in self.registry.banks() if b.db_id == ref), None)
+        if not isinstance(ref, str) or not ref:
+            raise NameError_("memory delete needs a bank: its name or its database id (memmesh memory list shows them)")
+        rec = None
+        if NAME_RE.match(ref) or DB_ID_RE.match(ref):  # anything else names no bank (and storage refuses NUL)
+            rec = self.registry.bank(ref) or next((b for b in self.registry.banks() if b.db_id == ref), None)
         if rec is None:
-            raise UnknownName(f"no registered bank {ref!r}; `memmesh memory list` shows them")
+            raise UnknownName(f"no registered bank {clean(repr(ref), 80)}; `memmesh memory list` shows them")
         self.registry.archive_bank(rec)
         return rec
 
     # ---------------------------------------------------------------- grants
     def grant(self, bank_ref: str, agent_name: str, perm: str) -> tuple[BankRef, Agent]:
-        """Bank AuthSettings first, then the ref in the agent DB; undo the grant if the ref fails."""
-        if perm not in ("read", "write"):
-            raise AuthError("auth.bad_op", f"a bank grant is read or write, got {perm!r}")
+        """Grant a local agent ``perm`` on a bank (see :meth:`grant_to`)."""
         bank = self.resolve(bank_ref)
         agent = self.agent(agent_name)
-        if bank.db.id == agent.db.id:
-            raise AuthError("auth.bad_op", f"{agent_name} always opens its own database; nothing to grant")
-        target = str(agent.key.public)
-        before = bank.db.permission(target)
-        self._check_admin(bank)
-        bank.db.change_settings(bank.admin_key, [GrantOp(target, perm, None if perm == "read" else WRITE_PRIORITY)])
-        try:
-            self.write_ref(agent, {"op": "add", "bank": bank.db.id, "name": bank.name, "perm": perm})
-        except Exception:
-            # The ref could not be written: put the bank's settings back as they were.
-            undo: GrantOp | RevokeOp = RevokeOp(target) if before is None else GrantOp(target, before.level, before.priority)
-            bank.db.change_settings(bank.admin_key, [undo])
-            raise
+        self.grant_to(bank, Grantee(str(agent.key.public), agent, agent.name), perm)
         return bank, agent
 
+    def grant_to(self, bank: BankRef, who: Grantee, perm: str) -> Change:
+        """Bank AuthSettings first, then the ref in a local agent's DB; undo the grant if the
+        ref fails. What the key already holds is not written again: a grant appends signed
+        entries that every replica keeps for good, so a repeated command must not add any."""
+        if perm not in ("read", "write"):
+            raise AuthError("auth.bad_op", f"a bank grant is read or write, got {perm!r}")
+        agent = who.agent
+        if agent is not None and bank.db.id == agent.db.id:
+            raise AuthError("auth.bad_op", f"{agent.name} always opens its own database; nothing to grant")
+        self._check_own_key(bank, who, "grant")
+        before = bank.db.permission(who.key)
+        # Held at the same level is held: a stronger Write (a lower priority number) given by
+        # another admin is not lowered to the default Write(10) by a repeated grant.
+        settings = before is None or before.level != perm
+        ref_value = {"op": "add", "bank": bank.db.id, "name": bank.name, "perm": perm}
+        ref = agent is not None and agent_state(agent.db).refs.get(bank.db.id) != {"name": bank.name, "perm": perm}
+        if not settings and not ref:
+            return Change()
+        if settings:
+            self._check_admin(bank)
+            bank.db.change_settings(bank.admin_key, [GrantOp(who.key, perm, None if perm == "read" else WRITE_PRIORITY)])
+        if ref:
+            assert agent is not None
+            try:
+                self.write_ref(agent, ref_value)
+            except Exception:
+                if settings:  # the ref could not be written: put the bank's settings back as they were
+                    undo: GrantOp | RevokeOp = (RevokeOp(who.key) if before is None
+                                                else GrantOp(who.key, before.level, before.priority))
+                    bank.db.change_settings(bank.admin_key, [undo])
+                raise
+        return Change(settings=settings, ref=ref)
+
     def revoke(self, bank_ref: str, agent_name: str) -> tuple[BankRef, Agent, str | None]:
-        """Revoke in the bank's AuthSettings first; then remove the ref, best effort."""
+        """Revoke a local agent's access to a bank (see :meth:`revoke_from`)."""
         bank = self.resolve(bank_ref)
         agent = self.agent(agent_name)
-        target = str(agent.key.public)
-        if bank.db.permission(target) is None:
-            raise AuthError("auth.not_granted", f"{agent_name} holds no permission on {bank.name}")
-        self._check_admin(bank)
-        bank.db.change_settings(bank.admin_key, [RevokeOp(target)])
+        change = self.revoke_from(bank, Grantee(str(agent.key.public), agent, agent.name))
+        return bank, agent, change.warning
+
+    def revoke_from(self, bank: BankRef, who: Grantee) -> Change:
+        """Revoke in the bank's AuthSettings first; then remove a local agent's ref, best
+        effort. A key already revoked is not revoked again (nothing is written)."""
+        self._check_own_key(bank, who, "revoke")
+        state = bank.db.settings().get(who.key)
+        if state is None:
+            raise NotGranted(f"{who.shown} is not in {bank.name}'s settings, so there is nothing to revoke "
+                             f"(memmesh memory grants {bank.name} lists every key it holds)")
+        agent = who.agent
+        settings = state.active
+        ref = agent is not None and bank.db.id in agent_state(agent.db).refs
+        if not settings and not ref:
+            return Change()
+        if settings:
+            self._check_admin(bank)
+            bank.db.change_settings(bank.admin_key, [RevokeOp(who.key)])
         warning = None
-        try:
-            self.write_ref(agent, {"op": "remove", "bank": bank.db.id})
-        except Exception as exc:  # the revocation stands; a stale ref only lists a bank it cannot open
-            warning = f"revoked, but the reference in {agent_name}'s database was not removed: {exc}"
-        return bank, agent, warning
+        if ref:
+            assert agent is not None
+            try:
+                self.write_ref(agent, {"op": "remove", "bank": bank.db.id})
+            except Exception as exc:  # the revocation stands; a stale ref only lists a bank it cannot open
+                warning = f"revoked, but the reference in {agent.name}'s database was not removed: {exc}"
+                ref = False
+        return Change(settings=settings, ref=ref, warning=warning)
+
+    def _check_own_key(self, bank: BankRef, who: Grantee, verb: str) -> None:
+        """This node's own keys are not granted or revoked by hand: the key it administers the
+        bank with would lock it out of the bank's settings; its peer key signs tickets and
+        redemptions and is the key peers serve the bank to, so losing it cuts the node off from
+        sharing (``memory unshare`` is how to stop serving a bank)."""
+        peer = getattr(self.home, "peer_key", None)
+        if peer is not None and who.key == str(peer.public):
+            why = ("revoking it would cut this node off from sharing the bank (it signs its tickets and is the key "
+                   f"its peers sync with); to stop serving the bank run: memmesh memory unshare {bank.name}"
+                   if verb == "revoke" else
+                   "its permission is set by memmesh memory share, and a grant by hand could lower it and cut this "
+                   "node off from sharing the bank")
+            raise AuthError("auth.own_key", f"{who.shown} is this node's peer key on {bank.name}: {why}; nothing was written")
+        if who.key == str(bank.admin_key.public):
+            raise AuthError("auth.own_key",
+                            f"{who.shown} is the key this node administers {bank.name} with: to {verb} it could "
+                            "lock this node out of the bank's settings; nothing was written")
 
     def _check_admin(self, bank: BankRef) -> None:
         """Granting needs Admin on the bank: say what to do when this node does not hold it

@@ -118,7 +118,8 @@ class RequestVerifier:
             raise EnvelopeError("sync.wrong_target", "the request is signed for another node")
         else:
             target_raw = self._node_raw
-        if not time_text.isdigit() or len(time_text) > 16:
+        # ASCII digits only: str.isdigit() also accepts "²" or "①", which int() refuses.
+        if not (time_text.isascii() and time_text.isdigit()) or len(time_text) > 16:
             raise EnvelopeError("sync.unauthenticated", "memmesh-time is not a time in ms")
         t = int(time_text)
         if len(nonce_hex) != 32:

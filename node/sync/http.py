@@ -3,8 +3,11 @@
 Server: one route per sync operation under ``/sync/v1/``. A body over the cap is refused from
 its Content-Length before it is read, and reading stops at the cap when the length is not
 given; a client that sends slowly is cut off after ``read_timeout`` seconds while others are
-served (the event loop never waits on one connection). The protocol itself runs on the
-node's database thread (``run``), so a large page never stalls the loop.
+served (the event loop never waits on one connection), and one that goes away mid-body gets a
+400 nobody reads (one access-log line, no traceback). The bytes of bodies held at once by all
+connections are bounded (``BUDGET``). The protocol runs as steps (``SyncServer.steps``): the
+database steps on the node's database thread (``run``), each submitted anew so that other work
+runs between the slices of a long push; decoding on a decoder thread, a few bodies at a time.
 
 Client: ``HttpTransport`` sends a signed request to an address hint ``http:<host>:<port>`` and
 returns the status, headers and body, bounded in size and time; ``run_exchange`` drives one
@@ -13,13 +16,14 @@ Exchange to its end.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, TypeVar
 
 import aiohttp
 from aiohttp import web
 
 from node.sync import messages as m
-from node.sync.protocol import PREFIX, Client, Exchange, Outgoing, SyncError, SyncServer
+from node.sync.protocol import OFF_THREAD, PREFIX, Client, Exchange, Outgoing, Response, SyncError, SyncServer
 
 T = TypeVar("T")
 Runner = Callable[[Callable[[], T]], Awaitable[T]]
@@ -29,42 +33,175 @@ def _error_body(code: str, message: str) -> bytes:
     return m.pack(m.ErrorReply(code, message).encode())
 
 
-def sync_app_routes(app: web.Application, server: SyncServer, run: Runner, *, read_timeout: float = 30.0) -> None:
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.Response(status=status, body=_error_body(code, message), content_type="application/msgpack")
+
+
+# Bytes of request bodies held at once by every sync connection of this process (being read,
+# or read and waiting for the database thread): 8 full bodies. Above it a request waits up to
+# BUSY_WAIT_S for room, then gets 503 sync.busy (the peer tries again next round): a node's
+# memory is bounded by this whatever the number of connections, and honest peers, which send
+# one body at a time per exchange, rarely meet it.
+MAX_BYTES_IN_FLIGHT = 64 * 1024 * 1024
+BUSY_WAIT_S = 2.0
+
+
+class BodyBudget:
+    """One process-wide bound on the bytes of sync bodies in flight (see MAX_BYTES_IN_FLIGHT)."""
+
+    def __init__(self, limit: int = MAX_BYTES_IN_FLIGHT) -> None:
+        self.limit = limit
+        self.held = 0
+        self._freed: asyncio.Condition | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def try_take(self, n: int) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    async def take(self, n: int, wait_s: float) -> bool:
+        """Reserve ``n`` bytes, waiting up to ``wait_s`` for others to give theirs back."""
+        if self.try_take(n):
+            return True
+        if n > self.limit:
+            return False
+        loop = asyncio.get_running_loop()
+        if self._freed is None or self._loop is not loop:  # one process-wide budget, any loop
+            self._freed, self._loop = asyncio.Condition(), loop
+        try:
+            async with self._freed:
+                await asyncio.wait_for(self._freed.wait_for(lambda: self.held + n <= self.limit), wait_s)
+        except asyncio.TimeoutError:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
+        if self._freed is not None and self._loop is asyncio.get_running_loop():
+            freed = self._freed
+
+            async def _notify() -> None:
+                async with freed:
+                    freed.notify_all()
+
+            asyncio.ensure_future(_notify())
+
+
+BUDGET = BodyBudget()  # shared by every sync app of the process
+
+
+def _busy() -> web.Response:
+    return _error(503, "sync.busy", "this node is receiving too many request bodies at once; retry later")
+
+
+def _advance(steps: Any) -> tuple[bool, Any]:
+    try:
+        return False, next(steps)
+    except StopIteration as done:
+        return True, done.value
+
+
+# Decoding runs here, one body at a time, off the database thread: the database thread stays
+# free, and the memory a decoded body takes is held for one body at a time.
+_DECODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memmesh-sync-decode")
+# Requests decoded at once (being decoded, or decoded and waiting for or running on the database
+# thread): a decoded body takes up to a few times its bytes (at most what its type can hold,
+# docs/protocol.md 6.3), so this bounds that memory; the others wait holding their raw bytes
+# only, which BUDGET bounds.
+MAX_DECODED = 4
+
+
+def sync_app_routes(app: web.Application, server: SyncServer, run: Runner, *, read_timeout: float = 30.0,
+                    budget: BodyBudget | None = None) -> None:
     """Add the sync API to ``app`` (create it with ``client_max_size=MAX_BODY_BYTES``)."""
+    budget = budget or BUDGET
+    decoded: list[asyncio.Semaphore] = []  # made on the serving loop, on first use
 
     async def handle(request: web.Request) -> web.StreamResponse:
         length = request.content_length
         if length is not None and length > m.MAX_BODY_BYTES:
-            return web.Response(status=413, body=_error_body("sync.too_large", f"bodies are at most {m.MAX_BODY_BYTES} bytes"),
-                                content_type="application/msgpack")
+            return _error(413, "sync.too_large", f"bodies are at most {m.MAX_BODY_BYTES} bytes")
+        held = [0]
         try:
-            body = await asyncio.wait_for(_read_capped(request), timeout=read_timeout)
-        except asyncio.TimeoutError:
-            return web.Response(status=408, body=_error_body("sync.timeout", "the request body was not sent in time"),
-                                content_type="application/msgpack")
-        except _TooLarge:
-            return web.Response(status=413, body=_error_body("sync.too_large", f"bodies are at most {m.MAX_BODY_BYTES} bytes"),
-                                content_type="application/msgpack")
-        headers = {k.lower(): v for k, v in request.headers.items() if k.lower().startswith("memmesh-")}
-        resp = await run(lambda: server.handle(request.method, request.path, headers, body))
+            if length is not None:
+                if not await budget.take(length, BUSY_WAIT_S):
+                    return _busy()
+                held[0] = length
+            try:
+                body = await asyncio.wait_for(_read_capped(request, budget, held), timeout=read_timeout)
+            except asyncio.TimeoutError:
+                return _error(408, "sync.timeout", "the request body was not sent in time")
+            except _TooLarge:
+                return _error(413, "sync.too_large", f"bodies are at most {m.MAX_BODY_BYTES} bytes")
+            except _Busy:
+                return _busy()
+            except (ConnectionError, aiohttp.ClientPayloadError, EOFError) as exc:
+                # The client went away mid-body: nobody reads the answer; the access log's line
+                # (status 400) is the only trace, no traceback.
+                return _error(400, "sync.aborted", f"the request body was cut off ({exc.__class__.__name__})")
+            headers = {k.lower(): v for k, v in request.headers.items() if k.lower().startswith("memmesh-")}
+            if not decoded:
+                decoded.append(asyncio.Semaphore(MAX_DECODED))
+            resp = await _drive(server.steps(request.method, request.path, headers, body), run, decoded[0])
+        finally:
+            if held[0]:
+                budget.give(held[0])
         return web.Response(status=resp.status, headers=resp.headers, body=resp.body)
 
     app.router.add_route("*", PREFIX + "{op}", handle)
+
+
+async def _drive(steps: Any, run: Runner, decoded: asyncio.Semaphore) -> Response:
+    """Run a request's steps: database steps on the database thread, each submitted anew so that
+    work queued meanwhile (a status call, another peer's request) runs between them; decoding
+    on the decoder, holding one of the ``decoded`` slots until the request is done."""
+    loop = asyncio.get_running_loop()
+    marker = None
+    slot = False
+    try:
+        while True:
+            if marker == OFF_THREAD:
+                if not slot:
+                    await decoded.acquire()
+                    slot = True
+                done, value = await loop.run_in_executor(_DECODER, _advance, steps)
+            else:
+                done, value = await run(lambda: _advance(steps))
+            if done:
+                return value
+            marker = value
+    finally:
+        if slot:
+            decoded.release()
 
 
 class _TooLarge(Exception):
     pass
 
 
-async def _read_capped(request: web.Request) -> bytes:
-    chunks = []
-    total = 0
+class _Busy(Exception):
+    pass
+
+
+async def _read_capped(request: web.Request, budget: BodyBudget, held: list[int]) -> bytearray:
+    """The body, at most MAX_BODY_BYTES; bytes beyond what ``held`` reserved are taken from the
+    budget as they arrive (a body sent without Content-Length)."""
+    body = bytearray()
     async for chunk in request.content.iter_chunked(64 * 1024):
-        total += len(chunk)
-        if total > m.MAX_BODY_BYTES:
+        if len(body) + len(chunk) > m.MAX_BODY_BYTES:
             raise _TooLarge()
-        chunks.append(chunk)
-    return b"".join(chunks)
+        more = len(body) + len(chunk) - held[0]
+        if more > 0:
+            if not budget.try_take(more):
+                raise _Busy()
+            held[0] += more
+        body += chunk
+    if request.content_length is not None and len(body) < request.content_length:
+        raise EOFError("the body ended before its Content-Length")
+    return body
 
 
 def url_of(address: str) -> str:
@@ -114,3 +251,5 @@ async def run_exchange(transport: HttpTransport, client: Client, address: str, t
             return exchange
         _node, reply = await call(transport, client, address, target, message)
         await run(lambda: exchange.on_reply(reply))
+        while await run(exchange.work):  # a large page in slices: other work runs in between
+            pass

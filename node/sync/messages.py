@@ -4,7 +4,9 @@ Every body on the sync API is one msgpack map with string keys. Keys, entry ids 
 ids travel as their raw 32 bytes; an entry travels as ``[header, {store: update | nil}]``
 exactly as it is stored (signed bytes are never re-encoded). Decoding untrusted bytes either
 returns a well-formed message or raises ``MessageError`` with a reason code: never another
-exception, never unbounded memory (msgpack limits first, then every field's type and range).
+exception, never unbounded memory: the body is walked against its type's shape, each list and
+map refused from its header before anything in it is built (``unpack``), then every field's
+type and range is checked.
 docs/protocol.md section 6 specifies each message.
 """
 from __future__ import annotations
@@ -47,22 +49,166 @@ def pack(obj: Mapping[str, Any]) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def unpack(body: bytes) -> dict[str, Any]:
+# ---------------------------------------------------------------- bounded decoding
+# msgpack's own limits bound each container, not their sum: 8 MiB of arrays of empty maps
+# builds 8 million dicts (over 500 MiB). So a body is walked against the shape its message
+# type can take, and a container is refused from its header (its element count and kind)
+# before anything inside it is built: what is built is at most what the type can hold, and
+# every built object took at least one byte of the body.
+class Arr:
+    """A list of at most ``limit`` items, each of shape ``item`` (None: a scalar)."""
+
+    __slots__ = ("limit", "item")
+
+    def __init__(self, limit: int, item: Any = None) -> None:
+        self.limit, self.item = limit, item
+
+
+class Tup:
+    """A list whose items have the shapes given by position (at most that many)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, *items: Any) -> None:
+        self.items = items
+
+
+class MapOf:
+    """A map of at most ``limit`` scalar keys to values of shape ``value``."""
+
+    __slots__ = ("limit", "value")
+
+    def __init__(self, limit: int, value: Any = None) -> None:
+        self.limit, self.value = limit, value
+
+
+class Fields:
+    """A map with str keys among ``shapes`` (name -> shape of its value)."""
+
+    __slots__ = ("shapes",)
+
+    def __init__(self, **shapes: Any) -> None:
+        self.shapes = shapes
+
+
+# An error body, or any body whose type is not known: a flat map of a few scalar fields.
+FLAT = MapOf(16)
+_ARRAYS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
+_MAPS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
+_CONTAINERS = _ARRAYS | _MAPS
+
+
+def _unpacker(body: bytes) -> msgpack.Unpacker:
+    up = msgpack.Unpacker(None, raw=False, strict_map_key=True, use_list=True, max_buffer_size=max(1, len(body)),
+                          max_bin_len=MAX_ENTRY_BYTES, max_str_len=MAX_TEXT * 4, max_array_len=MAX_ENTRIES_PER_MESSAGE,
+                          max_map_len=MAX_AUTHORS, max_ext_len=0)
+    up.feed(body)
+    return up
+
+
+def _walk(up: msgpack.Unpacker, body: bytes, shape: Any, what: str) -> Any:
+    pos = up.tell()
+    if pos >= len(body):
+        raise _bad("body is not msgpack: it ends inside a value")
+    tag = body[pos]
+    if tag in _ARRAYS:
+        if isinstance(shape, Arr):
+            n = up.read_array_header()
+            if n > shape.limit:
+                raise _bad(f"{what} must be a list of at most {shape.limit} items")
+            inner = f"{what}[]"
+            if shape.item is None:
+                return [_scalar(up, body, inner) for _ in range(n)]
+            return [_walk(up, body, shape.item, inner) for _ in range(n)]
+        if isinstance(shape, Tup):
+            n = up.read_array_header()
+            if n > len(shape.items):
+                raise _bad(f"{what} must be a list of {len(shape.items)} items")
+            return [_walk(up, body, shape.items[i], f"{what}[{i}]") for i in range(n)]
+        raise _bad(f"{what} must not be a list")
+    if tag in _MAPS:
+        if isinstance(shape, MapOf):
+            n = up.read_map_header()
+            if n > shape.limit:
+                raise _bad(f"{what} must be a map of at most {shape.limit} entries")
+            out: dict = {}
+            value, inner = shape.value, f"{what}{{}}"
+            for _ in range(n):
+                key = _scalar(up, body, "a map key")
+                if type(key) not in (str, bytes):
+                    raise _bad(f"the keys of {what} are strings or bytes")
+                out[key] = _scalar(up, body, inner) if value is None else _walk(up, body, value, inner)
+            return out
+        if isinstance(shape, Fields):
+            n = up.read_map_header()
+            if n > len(shape.shapes):
+                raise _bad(f"{what} has at most the fields {sorted(shape.shapes)}")
+            out = {}
+            for _ in range(n):
+                name = _scalar(up, body, "a field name")
+                if name not in shape.shapes:
+                    raise _bad(f"unknown field {str(name)[:40]!r}")
+                out[name] = _walk(up, body, shape.shapes[name], name)
+            return out
+        raise _bad(f"{what} must not be a map")
+    return up.unpack()  # a scalar: bounded by max_str_len / max_bin_len, ext refused
+
+
+def _scalar(up: msgpack.Unpacker, body: bytes, what: str) -> Any:
+    pos = up.tell()
+    if pos >= len(body):
+        raise _bad("body is not msgpack: it ends inside a value")
+    if body[pos] in _CONTAINERS:
+        raise _bad(f"{what} must not be a list or a map")
+    return up.unpack()
+
+
+def unpack(body: bytes, shape: Any = FLAT) -> dict[str, Any]:
+    """The body's map, built only as far as ``shape`` (what its message type can hold) allows.
+    Errors name the field as a path: ``entries[][1]{}`` is a payload of an entry."""
     if not isinstance(body, (bytes, bytearray)):
         raise _bad("a body is bytes")
     if len(body) > MAX_BODY_BYTES:
         raise MessageError("sync.too_large", f"body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
+    if not body or body[0] not in _MAPS:
+        raise _bad("a body is a map")
     try:
-        obj = msgpack.unpackb(
-            bytes(body), raw=False, strict_map_key=True, use_list=True,
-            max_bin_len=MAX_ENTRY_BYTES, max_str_len=MAX_TEXT * 4,
-            max_array_len=max(MAX_ENTRIES_PER_MESSAGE, MAX_WANT), max_map_len=MAX_AUTHORS, max_ext_len=0,
-        )
+        up = _unpacker(body)
+        obj = _walk(up, body, shape, "the body")
+        extra = up.tell() != len(body)
+    except MessageError:
+        raise
     except Exception as exc:  # msgpack raises several unrelated types for bad bytes
         raise _bad(f"body is not msgpack: {exc.__class__.__name__}") from None
-    if type(obj) is not dict:
-        raise _bad("a body is a map")
+    if extra:
+        raise _bad("body is not msgpack: ExtraData")
     return obj
+
+
+def peek_db(body: bytes) -> str | None:
+    """The ``db`` field of a request body, read without building any other field (skipped at
+    C speed): lets the server check the caller may read that database before the body is
+    decoded. None when the body has no well-formed ``db`` (the full decode then says why)."""
+    try:
+        if not body or body[0] not in _MAPS:
+            return None
+        up = _unpacker(body)
+        n = up.read_map_header()
+        for _ in range(min(n, 8)):
+            pos = up.tell()
+            if pos >= len(body) or body[pos] in _ARRAYS or body[pos] in _MAPS:
+                return None
+            name = up.unpack()
+            pos = up.tell()
+            if name == "db":
+                if pos >= len(body) or body[pos] != 0xC4:  # bin 8: 32 raw bytes
+                    return None
+                raw = up.unpack()
+                return raw_to_id(raw) if type(raw) is bytes and len(raw) == 32 else None
+            up.skip()
+    except Exception:  # malformed: the full decode gives the typed error
+        return None
+    return None
 
 
 # ------------------------------------------------------------------------ field readers
@@ -437,12 +583,37 @@ REPLIES: dict[str, Any] = {"hello": Hello, "feeds": FeedsReply, "pull": PullRepl
                            "peers": PeersReply, "redeem": RedeemReply}
 
 
+# The shape of each message's body (see ``unpack``), from the limits of section 6.3.
+_ID = None  # scalars: their type and size are checked by the decoders above
+FEEDS = MapOf(MAX_AUTHORS, Tup(_ID, _ID))
+EVIDENCE = MapOf(MAX_AUTHORS, Arr(MAX_EVIDENCE_PER_AUTHOR))
+ENTRIES = Arr(MAX_ENTRIES_PER_MESSAGE, Tup(_ID, MapOf(MAX_STORES)))
+PEERS = Arr(MAX_PEERS, Fields(addrs=Arr(MAX_ADDRS), key=_ID))
+CURSOR = Tup(_ID, _ID)
+REQUEST_SHAPES: dict[str, Any] = {
+    "hello": Fields(v=_ID),
+    "feeds": Fields(db=_ID, evidence=EVIDENCE, feeds=FEEDS),
+    "pull": Fields(after=CURSOR, db=_ID, evidence=EVIDENCE, feeds=FEEDS, max=_ID, want=Arr(MAX_WANT)),
+    "push": Fields(db=_ID, entries=ENTRIES),
+    "peers": Fields(db=_ID, peers=PEERS),
+    "redeem": Fields(db=_ID, perm=_ID, proof=_ID, ticket=_ID),
+}
+REPLY_SHAPES: dict[str, Any] = {
+    "hello": Fields(v=_ID),
+    "feeds": Fields(evidence=EVIDENCE, feeds=FEEDS, lacking=_ID),
+    "pull": Fields(after=CURSOR, entries=ENTRIES, more=_ID),
+    "push": Fields(duplicates=_ID, pending=_ID, refused=MapOf(256), stored=_ID),
+    "peers": Fields(peers=PEERS),
+    "redeem": Fields(entry=_ID),
+}
+
+
 def decode_request(op: str, body: bytes):
     cls = REQUESTS.get(op)
     if cls is None:
         raise MessageError("sync.unknown_op", f"no sync operation {op!r}")
     try:
-        return cls.decode(unpack(body))
+        return cls.decode(unpack(body, REQUEST_SHAPES[op]))
     except RejectedError as exc:
         if isinstance(exc, MessageError):
             raise
@@ -451,7 +622,7 @@ def decode_request(op: str, body: bytes):
 
 def decode_reply(op: str, body: bytes):
     try:
-        return REPLIES[op].decode(unpack(body))
+        return REPLIES[op].decode(unpack(body, REPLY_SHAPES[op]))
     except RejectedError as exc:
         if isinstance(exc, MessageError):
             raise

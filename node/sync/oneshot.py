@@ -1,7 +1,9 @@
 """`memmesh sync`: one exchange per shared bank and known peer, now (for scripts).
 
 Under `serve` it runs on the serve loop beside the daemon (and records the same link status);
-otherwise in the command's own process.
+otherwise in the command's own process. Like the daemon, it syncs a bank only with keys that
+hold Read on it now (node/sync/readers.py): a known peer that lost Read is skipped, and a peer
+named with ``--peer`` that holds none is reported and sent nothing.
 """
 from __future__ import annotations
 
@@ -11,15 +13,23 @@ import aiohttp
 
 from node import fence
 from node.sync import messages as m
+from node.sync import readers
 from node.sync.http import HttpTransport, call, run_exchange
 from node.sync.protocol import Client, Exchange, SyncError
 from node.worker import Runner
 
 if TYPE_CHECKING:
     from node.library import Node
+    from node.sync.peerbook import PeerRecord
 
 
-async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runner) -> list[dict[str, Any]]:
+async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runner, *,
+                   repairing: bool = False) -> list[dict[str, Any]]:
+    """One exchange per bank and peer. ``repairing`` (``memmesh check --repair``) asks every
+    peer the book knows for the bank, readers or not in this node's copy of the settings: that
+    copy may be damaged and have lost the very grants that name them. Nothing is pushed to a
+    key that may not read the bank even then: the exchange asks before each push page, after
+    its pulls have brought the settings back."""
     client = Client(node.peer_key)
     report: list[dict[str, Any]] = []
     async with aiohttp.ClientSession() as session:
@@ -35,15 +45,27 @@ async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runn
             targets = {db: [(key, [peer_url])] for db in dbs}
         else:
             for db in dbs:
-                records = await run(lambda db=db: node.sync.peers.peers(db))
+                records = await run(lambda db=db: node.sync.peers.peers(db) if repairing else _readers_of(node, db))
                 targets[db] = [(r.key, list(r.addrs) + [a for a in node.network.lookup(r.key) if a not in r.addrs])
                                for r in records]
         for db_id, peers in targets.items():
             db = await run(lambda db_id=db_id: node.database(db_id))
             for key, addrs in peers:
+                why = None if repairing else await run(lambda key=key: readers.refusal(node, db, key))
+                if why is not None:  # only a named --peer gets here: the book's were filtered
+                    report.append({"db": db_id, "peer": key, "address": addrs[0] if addrs else "-", "ok": False,
+                                   "error": f"{readers.NO_GRANT}: {why}: nothing of it was sent", "pulled": 0,
+                                   "pushed": 0})
+                    continue
                 report.append(await _one(node, transport, client, db, key, addrs, run))
         await run(node.sync.save_peers)
     return report
+
+
+def _readers_of(node: "Node", db_id: str) -> list["PeerRecord"]:
+    """The known peers of ``db_id`` that may read it now (database thread)."""
+    db = node.database(db_id)
+    return [r for r in node.sync.peers.peers(db_id) if readers.may_read(node, db, r.key)]
 
 
 async def _one(node: "Node", transport: HttpTransport, client: Client, db, key: str, addrs: list[str],
@@ -51,7 +73,8 @@ async def _one(node: "Node", transport: HttpTransport, client: Client, db, key: 
     error = "no address known"
     seen = None  # the stats of the last attempt that got past the feeds step
     for address in addrs:
-        exchange = Exchange(db, key, known_peers=[m.PeerInfo(str(node.peer_key.public), (node.sync.address() or "http:127.0.0.1:7411",))])
+        exchange = Exchange(db, key, known_peers=[m.PeerInfo(str(node.peer_key.public), (node.sync.address() or "http:127.0.0.1:7411",))],
+                            refusal=lambda: readers.refusal(node, db, key))
         try:
             await run_exchange(transport, client, address, key, exchange, run)
         except SyncError as exc:
@@ -59,7 +82,11 @@ async def _one(node: "Node", transport: HttpTransport, client: Client, db, key: 
             seen = exchange.stats if exchange.stats.peer_feeds is not None else seen
             continue
 
-        await run(lambda: node.sync.record_exchange(db.id, key, address, exchange.stats, how="manual"))
+        def learnt() -> None:  # only peers that may read the bank get into the book
+            exchange.stats.peers = readers.readers(node, db, exchange.stats.peers)
+            node.sync.record_exchange(db.id, key, address, exchange.stats, how="manual")
+
+        await run(learnt)
         await run(lambda: fence.after_exchange(node, db, key, exchange.stats))  # its own entries may be back
         return {"db": db.id, "peer": key, "address": address, "ok": True, "error": None,
                 "pulled": exchange.stats.pulled, "pushed": exchange.stats.pushed}

@@ -19,6 +19,9 @@ last seen, the last success and error, and the backoff after failures.
   from a hint does not (a peer could otherwise make us hammer one we are backing off).
 - **Choosing** is uniform: ``choose(db, k, now, rnd)`` draws up to ``k`` peers at random among
   those not backing off. That is the bounded fan-out of a sync round.
+- **Who may read** is not the book's to decide: ``choose`` and ``infos`` take a ``keep``
+  predicate (node/sync/readers.py asks the bank's settings at that moment). A peer that lost
+  Read stays in the book, never chosen nor handed out for that bank, and is back if granted again.
 
 Times are milliseconds given by the caller (``now_ms``); nothing here reads a clock.
 ``to_bytes()``/``from_bytes()`` persist the book as msgpack (strictly decoded, bounded).
@@ -28,7 +31,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 
@@ -136,10 +139,11 @@ class PeerBook:
         return sum(len(b.records) for b in self._dbs.values())
 
     def infos(self, db_id: str, *, exclude: str | None = None, k: int | None = None,
-              rnd: random.Random | None = None) -> list[PeerInfo]:
-        """The peers to tell another peer about (peer exchange), never ``exclude``: all of them,
-        or a uniform sample of at most ``k``."""
-        records = [r for r in self.peers(db_id) if r.key != exclude]
+              rnd: random.Random | None = None, keep: Callable[[str], bool] | None = None) -> list[PeerInfo]:
+        """The peers to tell another peer about (peer exchange), never ``exclude`` nor a key
+        ``keep`` refuses: all of them, or a uniform sample of at most ``k`` (drawn after the
+        filter, so refused keys never crowd out the others)."""
+        records = [r for r in self.peers(db_id) if r.key != exclude and (keep is None or keep(r.key))]
         if k is not None and len(records) > k:
             records = (rnd or self.rnd).sample(records, k)
         return [PeerInfo(r.key, r.addrs) for r in records]
@@ -243,12 +247,14 @@ class PeerBook:
         return rec
 
     # ------------------------------------------------------------------------ choosing
-    def choose(self, db_id: str, k: int, now_ms: int, rnd: random.Random | None = None) -> list[PeerRecord]:
-        """Up to ``k`` peers drawn uniformly among those not backing off (in random order)."""
+    def choose(self, db_id: str, k: int, now_ms: int, rnd: random.Random | None = None,
+               keep: Callable[[str], bool] | None = None) -> list[PeerRecord]:
+        """Up to ``k`` peers drawn uniformly among those not backing off and not refused by
+        ``keep`` (in random order)."""
         book = self._dbs.get(db_id)
         if book is None or k <= 0:
             return []
-        ready = [r for r in book.records.values() if r.next_try_ms <= now_ms]
+        ready = [r for r in book.records.values() if r.next_try_ms <= now_ms and (keep is None or keep(r.key))]
         return (rnd or self.rnd).sample(ready, min(k, len(ready)))
 
     # ------------------------------------------------------------------------ persistence

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Generator, Protocol
 
 from auth.keys import SigningKey
 from crdt.database import Database
@@ -30,6 +30,19 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/sync/v1/"
 NOT_FOUND = m.ErrorReply("sync.not_found", "no such database on this node")  # also: not shared, not readable
+# Markers SyncServer.steps yields: what the next step of a request needs (see its docstring).
+OFF_THREAD = "off-thread"
+SLICE = "slice"
+# A push is ingested this many entries at a time, and gives the database thread back after a
+# slice of SLICE_S (docs/protocol.md 6.3): one entry costs well under a millisecond to park or
+# admit, so a chunk stays far inside the slice, and other work waits at most about one slice.
+PUSH_SLICE_ENTRIES = 32
+SLICE_S = 0.1
+
+
+def _backoff_reply(blocked_ms: int) -> m.ErrorReply:
+    return m.ErrorReply("sync.backoff", f"too many invalid or parked entries from this peer; retry in "
+                                        f"{blocked_ms // 1000 + 1} s")
 
 
 def _now_ms() -> int:
@@ -66,43 +79,57 @@ class _Strikes:
     refused: int = 0
     until_ms: int = 0
     level: int = 0
+    parked: int = 0
+    parked_since_ms: int = 0
 
 
 class PushBackoff:
     """A peer that keeps pushing invalid entries is refused for a while, doubling each time.
 
     Refusals that honest peers cause too (an entry that waits in the pending area and is
-    evicted, a candidate over the bound) do not count.
+    evicted, a candidate over the bound) do not count. Entries parked in the pending area (their
+    parents unknown) count too once a peer parks more than ``parked_threshold`` of them within
+    ``parked_window_ms``: an honest peer pushes parents before children and parks next to none,
+    while made-up parents cost the node work and park forever (until evicted or expired).
     """
 
     BENIGN = frozenset({"entry.pending_evicted", "entry.pending_expired", "entry.candidate_bound", "entry.erased"})
 
-    def __init__(self, threshold: int = 32, base_ms: int = 5_000, max_ms: int = 3_600_000) -> None:
+    def __init__(self, threshold: int = 32, base_ms: int = 5_000, max_ms: int = 3_600_000,
+                 parked_threshold: int = 1024, parked_window_ms: int = 600_000) -> None:
         self.threshold = threshold
         self.base_ms = base_ms
         self.max_ms = max_ms
+        self.parked_threshold = parked_threshold
+        self.parked_window_ms = parked_window_ms
         self._peers: dict[str, _Strikes] = {}
 
     def blocked_for(self, peer: str, now_ms: int) -> int:
         s = self._peers.get(peer)
         return max(0, s.until_ms - now_ms) if s else 0
 
-    def record(self, peer: str, refused: dict[str, int], now_ms: int) -> None:
+    def record(self, peer: str, refused: dict[str, int], now_ms: int, parked: int = 0) -> None:
         bad = sum(n for reason, n in refused.items() if reason not in self.BENIGN)
-        if not bad:
+        if not bad and not parked:
             return
         s = self._peers.setdefault(peer, _Strikes())
         s.refused += bad
-        if s.refused >= self.threshold:
+        if parked:
+            if now_ms - s.parked_since_ms > self.parked_window_ms:
+                s.parked, s.parked_since_ms = 0, now_ms
+            s.parked += parked
+        if s.refused >= self.threshold or s.parked > self.parked_threshold:
             s.until_ms = now_ms + min(self.max_ms, self.base_ms * (2 ** s.level))
             s.level += 1
             s.refused = 0
+            s.parked, s.parked_since_ms = 0, now_ms
         if len(self._peers) > 10_000:  # bounded: forget the oldest
             self._peers.pop(next(iter(self._peers)))
 
     def status(self, peer: str, now_ms: int) -> dict[str, Any]:
         s = self._peers.get(peer)
-        return {"backoff_ms": self.blocked_for(peer, now_ms), "strikes": s.refused if s else 0, "level": s.level if s else 0}
+        return {"backoff_ms": self.blocked_for(peer, now_ms), "strikes": s.refused if s else 0,
+                "parked": s.parked if s else 0, "level": s.level if s else 0}
 
 
 class SyncServer:
@@ -114,6 +141,22 @@ class SyncServer:
         self.backoff = backoff or PushBackoff()
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes, now_ms: int | None = None) -> Response:
+        """One request, start to end, in place (the simulator's and the tests' way)."""
+        steps = self.steps(method, path, headers, body, now_ms)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def steps(self, method: str, path: str, headers: dict[str, str], body: bytes,
+              now_ms: int | None = None) -> Generator[str, None, Response]:
+        """The request as steps, for a driver that lets other work run between them.
+
+        Each ``next()`` runs one step and yields what the next one needs: ``OFF_THREAD`` (it
+        touches no database: decoding, which may run elsewhere) or ``SLICE`` (database work
+        again, after other queued work had its turn). The Response is the generator's value.
+        """
         now = _now_ms() if now_ms is None else now_ms
         if method != "POST" or not path.startswith(PREFIX):
             return self._plain(404, m.ErrorReply("sync.unknown_op", "not a sync path"))
@@ -126,8 +169,14 @@ class SyncServer:
             status = 503 if exc.reason == "sync.busy" else 401
             return self._plain(status, m.ErrorReply(exc.reason, str(exc)))
         try:
-            request = m.decode_request(op, body)
-            status, reply = self._dispatch(op, request, caller, now)
+            early = self._before_decoding(op, body, caller, now)
+            if early is not None:
+                status, reply = early
+            else:
+                yield OFF_THREAD
+                request = m.decode_request(op, body)
+                yield SLICE
+                status, reply = yield from self._dispatch(op, request, caller, now)
         except RejectedError as exc:
             status, reply = 400, m.ErrorReply(exc.reason, str(exc))
         except StorageError as exc:
@@ -144,12 +193,65 @@ class SyncServer:
         return Response(status, {**sign_response(self.key, status, payload, caller),
                                  "content-type": "application/msgpack"}, payload)
 
+    def _before_decoding(self, op: str, body: bytes, caller: Caller, now: int) -> tuple[int, Any] | None:
+        """What can be answered from the signed envelope and the body's ``db`` field alone: a
+        caller that may not read the database (or a pusher in backoff) costs no decoding."""
+        if op in ("hello", "redeem"):  # no database yet / the invite in the body is the proof
+            return None
+        db_id = m.peek_db(body)
+        if db_id is None:
+            return None  # malformed: decoding says why
+        if self.node.readable(db_id, caller.key) is None:
+            return 404, NOT_FOUND
+        if op == "push":
+            blocked = self.backoff.blocked_for(caller.key, now)
+            if blocked:
+                return 429, _backoff_reply(blocked)
+        return None
+
     def _plain(self, status: int, reply: m.ErrorReply) -> Response:
         # Unauthenticated callers get an unsigned answer: signing would let anyone make the node
         # sign bytes of their choosing (the nonce).
         return Response(status, {"content-type": "application/msgpack"}, m.pack(reply.encode()))
 
-    def _dispatch(self, op: str, request: Any, caller: Caller, now: int) -> tuple[int, Any]:
+    def _push(self, db: Database, request: m.PushRequest, caller: Caller, now: int) -> Generator[str, None, tuple[int, Any]]:
+        """Ingest a push in slices of ``PUSH_SLICE_ENTRIES``, yielding ``SLICE`` whenever one
+        has run ``SLICE_S``, so that no push holds the database thread for long; the backoff and
+        the caller's Read are checked again between slices."""
+        blocked = self.backoff.blocked_for(caller.key, now)
+        if blocked:
+            return 429, _backoff_reply(blocked)
+        source = f"peer:{caller.key}"
+        stored = pending = duplicates = 0
+        refused: dict[str, int] = {}
+        entries = request.entries
+        i = 0
+        started = time.monotonic()
+        while i < len(entries):
+            if i and time.monotonic() - started >= SLICE_S:
+                yield SLICE
+                started = time.monotonic()
+                db = self.node.readable(request.db, caller.key)
+                if db is None:
+                    return 404, NOT_FOUND
+            chunk = entries[i:i + PUSH_SLICE_ENTRIES]
+            i += len(chunk)
+            result = db.ingest(chunk, source=source)
+            here: dict[str, int] = {}
+            for _id, reason, _detail in result.rejected:
+                here[reason] = here.get(reason, 0) + 1
+                refused[reason] = refused.get(reason, 0) + 1
+            self.backoff.record(caller.key, here, now, parked=len(result.pending))
+            stored += len(result.accepted) + len(result.stored_rejected)
+            pending += len(result.pending)
+            duplicates += result.duplicates
+            blocked = self.backoff.blocked_for(caller.key, now)
+            if blocked and i < len(entries):
+                # What was taken in stays; the rest is not looked at (the pusher sends it again).
+                return 429, _backoff_reply(blocked)
+        return 200, m.PushReply(stored, pending, duplicates, refused)
+
+    def _dispatch(self, op: str, request: Any, caller: Caller, now: int) -> Generator[str, None, tuple[int, Any]]:
         if op == "hello":
             return 200, m.Hello()
         if op == "redeem":  # the caller cannot read the database yet: the invite is its proof
@@ -171,16 +273,7 @@ class SyncServer:
             cursor = (db.height_of(last), last) if last else request.after
             return 200, m.PullReply(entries, cursor, n < len(ids))
         if op == "push":
-            blocked = self.backoff.blocked_for(caller.key, now)
-            if blocked:
-                return 429, m.ErrorReply("sync.backoff", f"too many invalid entries from this peer; retry in {blocked // 1000 + 1} s")
-            result = db.ingest(request.entries, source=f"peer:{caller.key}")
-            refused: dict[str, int] = {}
-            for _id, reason, _detail in result.rejected:
-                refused[reason] = refused.get(reason, 0) + 1
-            self.backoff.record(caller.key, refused, now)
-            stored = len(result.accepted) + len(result.stored_rejected)
-            return 200, m.PushReply(stored, len(result.pending), result.duplicates, refused)
+            return (yield from self._push(db, request, caller, now))
         if op == "peers":
             self.node.learn_peers(request.db, caller.key, request.peers)
             return 200, m.PeersReply(self.node.peers_of(request.db, caller.key))
@@ -267,8 +360,12 @@ class Exchange:
     """
 
     def __init__(self, db: Database, peer: str, *, page_bytes: int = m.DEFAULT_PAGE_BYTES,
-                 pull: bool = True, push: bool = True, known_peers: list[m.PeerInfo] | None = None) -> None:
+                 pull: bool = True, push: bool = True, known_peers: list[m.PeerInfo] | None = None,
+                 refusal: Callable[[], str | None] | None = None) -> None:
         self.db = db
+        # Why nothing more may be sent to the peer (None: it may), asked before each push page:
+        # a revocation of the peer pulled during this very exchange stops the push.
+        self._refusal = refusal
         self.peer = peer
         self.page_bytes = page_bytes
         self.stats = ExchangeStats()
@@ -281,12 +378,16 @@ class Exchange:
         self._asked_again = False
         self._to_push: list[str] = []
         self._sent: int = 0  # how many of _to_push the last push request carried
+        self._page: Any = None  # the pulled page being taken in (``work``), and what is left of it
+        self._inbox: list[Any] = []
 
     @property
     def done(self) -> bool:
         return self._stage == "done"
 
     def next_message(self) -> Any | None:
+        while self.work():  # a driver that does not slice takes the page in here, whole
+            pass
         db = self.db
         if self._stage == "feeds":
             return m.FeedsRequest(db.id, db.feeds(), db.evidence())
@@ -300,6 +401,9 @@ class Exchange:
                 want = tuple(ids[: m.MAX_WANT])
             return m.PullRequest(db.id, db.feeds(), db.evidence(), want, self._cursor, self.page_bytes)
         if self._stage == "push":
+            why = self._refusal() if self._refusal is not None else None
+            if why is not None:
+                raise SyncError("sync.no_grant", f"{why}: nothing more is sent to this peer")
             entries, n = db.page(self._to_push, self.page_bytes)
             self._sent = n
             self.stats.bytes_out += sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in entries)
@@ -323,26 +427,9 @@ class Exchange:
             self.stats.pages += 1
             if reply.entries:
                 self.stats.bytes_in += sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in reply.entries)
-                try:
-                    result = self.db.ingest(reply.entries, source=f"peer:{self.peer}")
-                except StorageError as exc:
-                    # The exchange fails like any sync failure (the link's status says why);
-                    # what the page held that was not stored, the next exchange pulls again.
-                    raise SyncError("sync.storage", f"could not store what {self.peer} sent: {exc}") from exc
-                self.stats.pulled += len(result.accepted) + len(result.stored_rejected)
-                self.stats.pulled_pending += len(result.pending)
-                for _id, reason, _detail in result.rejected:
-                    self.stats.pulled_refused[reason] = self.stats.pulled_refused.get(reason, 0) + 1
-            progressed = reply.after is not None and reply.after != self._cursor
-            self._cursor = reply.after
-            if not reply.more or not progressed or not reply.entries:
-                # Entries the peer stored below the cursor while we paged (a child above it
-                # arrived, its parent did not): ask for the missing parents once more.
-                if not self._asked_again and self.stats.pulled_pending and self.db.wanted()["parents"]:
-                    self._asked_again = True
-                else:
-                    self._asked_again = False
-                    self._stage = self._after_pull()
+            self._page = reply
+            self._inbox = list(reply.entries)
+            self.work()
         elif self._stage == "push":
             self.stats.pages += 1
             self.stats.pushed += reply.stored
@@ -354,6 +441,47 @@ class Exchange:
         elif self._stage == "peers":
             self.stats.peers = list(reply.peers)
             self._stage = "done"
+
+    def working(self) -> bool:
+        """Whether a pulled page is still being taken in (call ``work`` until it is not)."""
+        return self._page is not None
+
+    def work(self) -> bool:
+        """Take in the pulled page for at most about ``SLICE_S`` (``PUSH_SLICE_ENTRIES`` at a
+        time), so that a large page never holds the database thread for long: a driver calls it
+        again, as a new job, while it returns True. ``next_message`` finishes what is left."""
+        started = time.monotonic()
+        while self._inbox:
+            chunk, self._inbox = self._inbox[:PUSH_SLICE_ENTRIES], self._inbox[PUSH_SLICE_ENTRIES:]
+            try:
+                result = self.db.ingest(chunk, source=f"peer:{self.peer}")
+            except StorageError as exc:
+                # The exchange fails like any sync failure (the link's status says why);
+                # what the page held that was not stored, the next exchange pulls again.
+                self._inbox, self._page = [], None
+                raise SyncError("sync.storage", f"could not store what {self.peer} sent: {exc}") from exc
+            self.stats.pulled += len(result.accepted) + len(result.stored_rejected)
+            self.stats.pulled_pending += len(result.pending)
+            for _id, reason, _detail in result.rejected:
+                self.stats.pulled_refused[reason] = self.stats.pulled_refused.get(reason, 0) + 1
+            if self._inbox and time.monotonic() - started >= SLICE_S:
+                return True
+        if self._page is not None:
+            self._page_done(self._page)
+        return False
+
+    def _page_done(self, reply: Any) -> None:
+        self._page = None
+        progressed = reply.after is not None and reply.after != self._cursor
+        self._cursor = reply.after
+        if not reply.more or not progressed or not reply.entries:
+            # Entries the peer stored below the cursor while we paged (a child above it
+            # arrived, its parent did not): ask for the missing parents once more.
+            if not self._asked_again and self.stats.pulled_pending and self.db.wanted()["parents"]:
+                self._asked_again = True
+            else:
+                self._asked_again = False
+                self._stage = self._after_pull()
 
     def _after_pull(self) -> str:
         if self._do_push and self._to_push:

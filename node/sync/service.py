@@ -3,6 +3,9 @@
 * **Peer API**: ``SyncServer`` (node/sync/protocol.py) behind aiohttp routes; a database is
   served only while it is shared (``memmesh memory share`` / ``import``) and only to keys that
   hold at least Read on it; anything else answers exactly like a database that does not exist.
+* **Readers only** (node/sync/readers.py): every push, every page served and every peer named
+  or learnt in peer exchange is for a key that holds Read on the bank in its settings as this
+  node has them at that moment, asked per request and per round, never cached.
 * **Daemon**: per round (every ``interval_s``) each shared database is synced with a bounded
   fan-out of its known peers, chosen at random among those not backing off; a commit (local or
   received) triggers a round for its database at once (pushes go out well under a second
@@ -24,11 +27,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import aiohttp
 from aiohttp import web
 
-from auth.permissions import holds
 from crdt.database import Database
 from node import fence
 from node.sync import messages as m
-from node.sync import sharing
+from node.sync import readers, sharing
 from node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
 from node.sync.protocol import Client, Exchange, SyncError, SyncServer
 from node.sync.state import Lag, lag, now_ms
@@ -49,25 +51,33 @@ class ServedNode:
         self.node = node
 
     def readable(self, db_id: str, caller: str) -> Database | None:
+        # Asked on every request: the caller's permission as the settings stand now.
         if not self.node.sync.is_shared(db_id) or db_id not in self.node.database_ids():
             return None
         db = self.node.database(db_id)
-        return db if holds(db.permission(caller), "read") else None
+        return db if readers.may_read(self.node, db, caller) else None
 
     def peers_of(self, db_id: str, caller: str) -> list[m.PeerInfo]:
-        return self.node.sync.peers.infos(db_id, exclude=caller, k=m.MAX_PEERS)
+        # Only keys that may read the bank now: naming another key would invite the caller
+        # to send it the bank.
+        db = self.node.database(db_id)
+        return self.node.sync.peers.infos(db_id, exclude=caller, k=m.MAX_PEERS,
+                                          keep=lambda key: readers.may_read(self.node, db, key))
 
     def learn_peers(self, db_id: str, caller: str, peers: list[m.PeerInfo]) -> None:
+        # A reader may name anyone: only keys that may read the bank get into the book, or a
+        # reader could make this node send the bank to a key nobody granted.
         book = self.node.sync.peers
+        db = self.node.database(db_id)
         t = now_ms()
-        for p in peers[:m.MAX_PEERS]:
+        for p in readers.readers(self.node, db, peers[:m.MAX_PEERS]):
             if p.addrs:
                 book.add(db_id, p.key, p.addrs, "exchange", t)
         self.node.sync.save_peers()
 
     def redeem(self, db_id: str, caller: str, ticket: str, perm: str, proof: bytes) -> str | None:
-        if not self.node.sync.is_shared(db_id) or db_id not in self.node.database_ids():
-            return None
+        # Nothing about db_id is looked up here: sharing.redeem checks the ticket and the proof
+        # first, the same work for every id, so timing tells no shared id from another.
         return sharing.redeem(self.node, db_id, caller, ticket, perm, proof)
 
 
@@ -212,12 +222,7 @@ class SyncService:
 
     async def _round(self, db_id: str, configured: Sequence[tuple[str, str]] = ()) -> None:
         run = self.node.network.runner()
-        peers = await run(lambda: self.node.sync.peers.choose(db_id, self.fanout, now_ms(), self._rnd))
-        targets = {p.key: list(p.addrs) for p in peers}
-        for key, address in configured:  # every configured peer, chosen or not
-            addrs = targets.setdefault(key, [])
-            if address not in addrs:
-                addrs.insert(0, address)
+        targets = await run(lambda: self.targets(db_id, configured))
         results = await asyncio.gather(*(self.exchange(db_id, key, addrs) for key, addrs in targets.items()),
                                        return_exceptions=True)
         for (key, _addrs), r in zip(targets.items(), results):
@@ -228,6 +233,48 @@ class SyncService:
             if isinstance(r, BaseException) and not isinstance(r, (SyncError, asyncio.CancelledError)):
                 log.warning("sync of %s failed: %s", db_id, r)
         await run(self.node.sync.save_peers)
+
+    def targets(self, db_id: str, configured: Sequence[tuple[str, str]] = ()) -> dict[str, list[str]]:
+        """This round's peers of ``db_id`` and their addresses (database thread): a fan-out drawn
+        among the known peers that may read it now, and every configured peer that may. Asked
+        each round, never cached: a key that lost Read is not contacted for the bank from this
+        round on. A configured peer, or one synced before, that may not read it is told in its
+        link status why nothing is sent to it."""
+        if db_id not in self.node.database_ids():
+            return {}
+        db = self.node.database(db_id)
+        peers = self.node.sync.peers.choose(db_id, self.fanout, now_ms(), self._rnd,
+                                            keep=lambda key: readers.may_read(self.node, db, key))
+        targets = {p.key: list(p.addrs) for p in peers}
+        refused: dict[str, str] = {}
+        for key, address in configured:  # every configured peer that may read it, chosen or not
+            why = readers.refusal(self.node, db, key)
+            if why is not None:
+                refused[key] = why
+                continue
+            addrs = targets.setdefault(key, [])
+            if address not in addrs:
+                addrs.insert(0, address)
+        for link in self.node.sync.links(db_id):
+            if link.peer not in targets and link.peer not in refused:
+                why = readers.refusal(self.node, db, link.peer)
+                if why is not None:
+                    refused[link.peer] = why
+        for key, why in refused.items():
+            self._not_sent(db_id, key, why)
+        return targets
+
+    def _not_sent(self, db_id: str, peer: str, why: str) -> None:
+        """The link status of a peer that may not read the bank says so (written on a change only)."""
+        error = f"{readers.NO_GRANT}: {why}: nothing of it is sent to this peer"
+        link = self.node.sync.link_if_any(db_id, peer)
+        if link is not None and link.last_error == error:
+            return
+        link = self.node.sync.link(db_id, peer)
+        link.last_attempt_ms, link.last_error = now_ms(), error
+        self.node.sync.save_link(link)
+        self._tell_link(db_id, peer, error)
+        log.info("not syncing %s with %s: %s", db_id[:15], peer[:20], why)
 
     # ------------------------------------------------------------------ configured peers
     def configure(self, *, interval_s: float, fanout: int, peers: Sequence[str]) -> None:
@@ -295,11 +342,13 @@ class SyncService:
                 candidates += [a for a in found.addresses if a not in candidates]
         db = await run(lambda: self.node.database(db_id))
         known = await run(lambda: [m.PeerInfo(str(self.node.peer_key.public), (self.address,))]
-                          + self.node.sync.peers.infos(db_id, exclude=peer, k=16, rnd=self._rnd))
+                          + self.node.sync.peers.infos(db_id, exclude=peer, k=16, rnd=self._rnd,
+                                                       keep=lambda key: readers.may_read(self.node, db, key)))
         last_error: SyncError | None = None
         seen = None  # the stats of the last attempt that got past the feeds step
         for address in candidates:
-            exchange = Exchange(db, peer, known_peers=known)
+            # asked again before each page it pushes: a revocation pulled meanwhile stops it
+            exchange = Exchange(db, peer, known_peers=known, refusal=lambda: readers.refusal(self.node, db, peer))
             try:
                 await run_exchange(HttpTransport(self._session), self.client, address, peer, exchange, run)
             except SyncError as exc:
@@ -315,6 +364,7 @@ class SyncService:
 
     def _record_success(self, db: Database, peer: str, address: str, exchange: Exchange) -> None:
         db_id = db.id
+        exchange.stats.peers = readers.readers(self.node, db, exchange.stats.peers)  # learn only readers
         self.node.sync.record_exchange(db_id, peer, address, exchange.stats)
         fence.after_exchange(self.node, db, peer, exchange.stats)  # the node's own entries may be back
         self._tell_link(db_id, peer, None)

@@ -26,6 +26,9 @@ def now_ms() -> int:
 
 @dataclass
 class Invite:
+    """An invite this node issued. The record alone makes it redeemable: the invite key holds
+    no grant in the bank's settings (an older version granted it Read; see sharing.py)."""
+
     db: str
     perm: str
     priority: int | None
@@ -33,6 +36,11 @@ class Invite:
     ticket: str  # the ticket's text without its secret
     used_by: str | None = None
     entry: str | None = None  # the settings entry that recorded the redemption
+    ended: str | None = None  # why it ended unredeemed: "unshared", "deleted", "revoked"
+
+    def outstanding(self, now_s: int) -> bool:
+        """Still redeemable: not used, not ended, not expired."""
+        return self.used_by is None and self.ended is None and now_s < self.expires
 
 
 @dataclass
@@ -140,8 +148,11 @@ class SyncState:
     # ------------------------------------------------------------------ invites
     def invite(self, key: str) -> Invite | None:
         raw = self._s.get_local(NS_INVITES, key)
+        return None if raw is None else self._invite(key, raw)
+
+    def _invite(self, key: str, raw: bytes) -> Invite:
         try:
-            return None if raw is None else Invite(**json.loads(raw))
+            return Invite(**json.loads(raw))
         except (TypeError, ValueError) as exc:
             raise self._damaged(NS_INVITES, key, exc) from exc
 
@@ -154,6 +165,20 @@ class SyncState:
 
     def put_invite(self, key: str, invite: Invite) -> None:
         self._s.put_local(NS_INVITES, key, json.dumps(asdict(invite), sort_keys=True).encode())
+
+    def is_invite(self, key: str) -> bool:
+        """Whether ``key`` is an invite key this node issued, in any state (one indexed read,
+        nothing parsed: the sync server asks it for every request)."""
+        return self._s.get_local(NS_INVITES, key) is not None
+
+    def invites(self, db_id: str | None = None) -> list[tuple[str, Invite]]:
+        """(invite key, record) of every invite this node issued (for ``db_id`` only, if given)."""
+        out = []
+        for key, raw in self._s.items_local(NS_INVITES):
+            invite = self._invite(key, raw)
+            if db_id is None or invite.db == db_id:
+                out.append((key, invite))
+        return out
 
     # ------------------------------------------------------------------ link status
     def link(self, db_id: str, peer: str) -> LinkStatus:

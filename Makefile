@@ -37,6 +37,7 @@ bench: venv
 	$(BIN)/python bench/credentials.py --json bench/results/credentials.json
 	$(BIN)/python bench/autorecall.py --json bench/results/autorecall.json
 	$(BIN)/python bench/summaries.py --json bench/results/summaries.json
+	$(BIN)/python bench/cli.py --json bench/results/cli.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -315,6 +315,7 @@ def test_a_large_pulled_page_is_taken_in_slices(bank, monkeypatch):
     on the database thread, so other work runs in between); the result is the same as whole."""
     import node.sync.protocol as protocol
     monkeypatch.setattr(protocol, "SLICE_S", 0.0)  # every chunk ends a slice
+    monkeypatch.setattr(protocol, "PUSH_SLICE_ENTRIES", 8)
     server, _ = _server(bank)
     client = Client(PEER_A)
     mine = _fresh(bank.id)

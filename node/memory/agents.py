@@ -441,7 +441,7 @@ class Agents:
         self._check_own_key(bank, who, "revoke")
         state = bank.db.settings().get(who.key)
         if state is None:
-            raise NotGranted(f"{who.shown} is not in {bank.name}'s settings, so there is nothing to revoke "
+            raise NotGranted(f"{who.shown} is not in the settings of {bank.name}, so there is nothing to revoke "
                              f"(memmesh memory grants {bank.name} lists every key it holds)")
         agent = who.agent
         settings = state.active

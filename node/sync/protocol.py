@@ -33,10 +33,12 @@ NOT_FOUND = m.ErrorReply("sync.not_found", "no such database on this node")  # a
 # Markers SyncServer.steps yields: what the next step of a request needs (see its docstring).
 OFF_THREAD = "off-thread"
 SLICE = "slice"
-# A push is ingested this many entries at a time, and gives the database thread back after a
-# slice of SLICE_S (docs/protocol.md 6.3): one entry costs well under a millisecond to park or
-# admit, so a chunk stays far inside the slice, and other work waits at most about one slice.
-PUSH_SLICE_ENTRIES = 32
+# A push (or a pulled page) is ingested this many entries at a time, and gives the database
+# thread back after a slice of SLICE_S (docs/protocol.md 6.3): one entry costs well under a
+# millisecond to park or admit (64 memory rows: about 8 ms), so a chunk stays far inside the
+# slice, and other work waits at most about one slice. Each chunk is one transaction and one
+# batch of parallel signature checks: 64 costs about 8 % of bulk ingest, 32 about 12 %.
+PUSH_SLICE_ENTRIES = 64
 SLICE_S = 0.1
 
 

@@ -10,7 +10,6 @@ a parameter rule is never restated here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import types
 import typing
@@ -22,7 +21,7 @@ from pydantic.fields import FieldInfo
 
 from auth.errors import MemmeshError
 from node.commands import REGISTRY, Command
-from node.commands.params import Cli
+from node.commands.params import Cli, loads
 from node.commands.registry import Registry
 
 COMMAND = "command"  # the dest holding the chosen command's registry name
@@ -128,15 +127,27 @@ def _add_argument(sp: argparse.ArgumentParser, name: str, field: FieldInfo) -> N
     sp.add_argument(flag, dest=name, **kw)
 
 
-def _from_file(path: str) -> str:
-    """The text of a file the command line names, read here, in the caller's process."""
+MAX_FILE_BYTES = 16 << 20  # a parameter read from a file with no bound of its own
+
+
+def _from_file(path: str, limit: int = MAX_FILE_BYTES) -> str:
+    """The text of a file the command line names, read here, in the caller's process: at most
+    ``limit`` bytes (the parameter's own bound), so /dev/zero or an endless pipe is refused
+    rather than read until memory runs out."""
     with open(path, "rb") as f:
-        raw = f.read()
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise CommandLineError(f"{os.path.abspath(path)} is larger than {limit:,} bytes, more than this "
+                               "parameter takes")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
         raise CommandLineError(f"{os.path.abspath(path)}:{line}: is not UTF-8 text") from None
+
+
+def _max_length(field: FieldInfo) -> int | None:
+    return next((m.max_length for m in field.metadata if getattr(m, "max_length", None) is not None), None)
 
 
 def command_of(args: argparse.Namespace, registry: Registry = REGISTRY) -> tuple[str, dict[str, Any]]:
@@ -152,7 +163,7 @@ def command_of(args: argparse.Namespace, registry: Registry = REGISTRY) -> tuple
             value = _from_env(value)
         elif _cli(field).read and isinstance(value, str):
             params[_cli(field).read] = os.path.abspath(value)
-            value = _from_file(value)
+            value = _from_file(value, _max_length(field) or MAX_FILE_BYTES)
         elif _cli(field).path and isinstance(value, str):
             value = os.path.abspath(value)
         elif _shape(field.annotation)[0] == "dict":
@@ -172,6 +183,6 @@ def _from_env(var: str) -> str:
 
 def _from_json(what: str, text: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CommandLineError(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        return loads(text)  # the HTTP API's rules: bounded nesting, no NaN, no key twice
+    except ValueError as exc:
+        raise CommandLineError(f"{what} is not valid JSON: {exc}") from None

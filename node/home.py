@@ -55,7 +55,7 @@ def make_private(home: Path | str) -> list[str]:
     files in it, which no chmod undoes. A key file or the API token readable by others is
     refused with the chmod to run, not fixed (``SECRETS``)."""
     home = Path(home)
-    st = os.lstat(home)
+    st = check_owner(home)
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         who = "group and others" if st.st_mode & stat.S_IWGRP and st.st_mode & stat.S_IWOTH \
             else "its group" if st.st_mode & stat.S_IWGRP else "others"
@@ -65,7 +65,8 @@ def make_private(home: Path | str) -> list[str]:
 
     def fix(path: Path, want: int, mode: int) -> None:
         if stat.S_IMODE(mode) & 0o077:
-            os.chmod(path, want, follow_symlinks=False)
+            # The home itself may be a symbolic link to the directory (check_owner vouched for both).
+            os.chmod(path, want, follow_symlinks=path == home)
             changed.append(f"{path.relative_to(home).as_posix() if path != home else 'the home'} "
                            f"({stat.S_IMODE(mode):o})")
 
@@ -75,12 +76,15 @@ def make_private(home: Path | str) -> list[str]:
         for name in dirs + files:
             path = base / name
             try:
-                mode = os.lstat(path).st_mode
+                lst = os.lstat(path)
             except FileNotFoundError:  # gone meanwhile (a temporary file)
                 continue
+            mode = lst.st_mode
             if stat.S_ISLNK(mode):
                 continue
             if stat.S_ISDIR(mode):
+                if lst.st_uid != os.geteuid():
+                    raise HomeNotPrivate(_not_yours(path, lst.st_uid))
                 fix(path, PRIVATE_DIR, mode)
             elif (name in SECRETS and base == home) or (base.name == KEYS_DIR and name.endswith(".key")):
                 if stat.S_IMODE(mode) & 0o077:
@@ -89,6 +93,51 @@ def make_private(home: Path | str) -> list[str]:
             else:
                 fix(path, PRIVATE_FILE, mode)
     return changed
+
+
+def check_owner(home: Path | str) -> os.stat_result:
+    """The home directory's status, after refusing a home that another user could swap out
+    from under us: one owned by another user (made beforehand in a shared directory such as
+    /tmp, its owner can rename keys/ or serve.sock and put its own in their place), a symbolic
+    link another user owns (its owner can point it elsewhere), or one whose parent directory
+    others may write without the sticky bit (they can rename the home itself)."""
+    home = Path(home)
+    lst = os.lstat(home)
+    if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (os.geteuid(), 0):
+        raise HomeNotPrivate(f"{home} is a symbolic link owned by {_user(lst.st_uid)}, who can point it elsewhere; "
+                             f"use the directory it names, or a link of your own")
+    st = os.stat(home)
+    if not stat.S_ISDIR(st.st_mode):
+        raise HomeNotPrivate(f"{home} is not a directory; a home is a directory of its own")
+    if st.st_uid != os.geteuid():
+        raise HomeNotPrivate(_not_yours(home, st.st_uid))
+    check_parent(home)
+    return st
+
+
+def check_parent(home: Path | str) -> None:
+    """Refuse a home (existing or to be made) in a directory others may write without the
+    sticky bit: they could rename the home and put their own in its place."""
+    parent_path = Path(os.path.realpath(home)).parent
+    parent = os.stat(parent_path)
+    if parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not parent.st_mode & stat.S_ISVTX:
+        raise HomeNotPrivate(f"{home} is in {parent_path}, which other users may write (mode "
+                             f"{stat.S_IMODE(parent.st_mode):04o}, no sticky bit), so they could replace the home "
+                             f"itself; put it in a directory of your own")
+
+
+def _not_yours(path: Path, uid: int) -> str:
+    return (f"{path} is owned by {_user(uid)}, not by you ({_user(os.geteuid())}), so its owner could replace what "
+            f"it holds; use a home of your own (or run memmesh as its owner)")
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def private_line(home: Path | str, changed: list[str]) -> str:
@@ -209,6 +258,8 @@ class Home:
         # Before anything is written: a home others may write is refused, one they may read fixed.
         fixed = make_private(home) if home.is_dir() else []
         if created:
+            if not home.is_dir() and Path(os.path.realpath(home)).parent.is_dir():
+                check_parent(home)  # before anything is made
             home.mkdir(parents=True, exist_ok=True, mode=0o700)  # the home holds keys and the control socket
             save_key(home / KEYS_DIR / PEER_KEY, SigningKey.generate())
             create_token(home)  # the local HTTP API's bearer token (0600)
@@ -229,6 +280,7 @@ class Home:
             if create:
                 return cls.init(home)[0]
             raise NotInitialised(f"no memmesh node in {home}; run: memmesh --home {home} init")
+        check_owner(home)  # one stat or two: a home another user could swap is never opened
         lock_fd = _lock_home(home, lock_timeout)
         try:
             cls.check_files(home)  # again under the lock: the files may have changed while it waited

@@ -7,10 +7,15 @@ not hand its listening sockets to ``loop.create_server``: a ``GuardedSite`` (an 
 
 * closes at once, without any work (no HTTP parser, no task), a connection over its listener's
   cap or over its source address's cap (``Limits``);
-* gives every connection it keeps ``head_timeout_s`` to deliver its first complete request
-  head, else closes it. Later requests on a kept-alive connection are bounded by aiohttp's own
-  ``keepalive_timeout`` (the runner's), which closes a connection that has not delivered its
-  next request head that long after its last answer;
+* frames the requests it forwards (``RequestFramer``: head lines, Content-Length, chunked) to
+  time each of them, as aiohttp times none: a request head must be complete ``head_timeout_s``
+  after the connection opened (the first request) or after its first byte (the next ones on a
+  kept-alive connection), and its body ``body_timeout_s`` after its head, else the connection
+  is closed. Bytes arriving one at a time reset nothing. Idle time between requests is bounded
+  by aiohttp's own ``keepalive_timeout`` (the runner's);
+* on the control socket (``evict_stalled``), when the listener is full, closes the oldest
+  connection stalled mid-request (or that never sent one) to make room, rather than refusing
+  the newcomer: a local script's stalled connections cannot lock the CLI out;
 * on EMFILE/ENFILE (no descriptor left) stops accepting on that socket for ``ACCEPT_PAUSE_S``
   instead of retrying per event, and says so once (node/logthrottle.py folds the repeats).
 
@@ -31,6 +36,7 @@ import logging
 import os
 import socket
 import struct
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -39,13 +45,19 @@ from aiohttp import web
 
 from auth.errors import MemmeshError
 
-__all__ = ["ACCEPT_PAUSE_S", "HEAD_TIMEOUT_S", "KEEPALIVE_S", "MAX_PER_LISTENER", "MAX_PER_SOURCE", "RESERVED_FDS",
-           "GuardedSite", "Limits", "LimitsError", "reserve_fds"]
+__all__ = ["ACCEPT_PAUSE_S", "BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "KEEPALIVE_S", "MAX_PER_LISTENER", "MAX_PER_SOURCE",
+           "RESERVED_FDS", "GuardedSite", "Limits", "LimitsError", "RequestClock", "RequestFramer", "reserve_fds",
+           "timed_protocol"]
 
 # A well-behaved client (our own sync client, curl, a browser) sends its whole request head in one
 # write, milliseconds after connecting; 10 s still covers a lossy link's retransmissions (1+2+4 s)
 # and bounds what a slow-header client holds: a slot for 10 s, not forever.
 HEAD_TIMEOUT_S = 10.0
+# A request body (8 MiB at most on the sync port, 1 MiB on the API) must be complete this long
+# after its head. Above the sync routes' own read timeout (30 s), so those answer 408 first;
+# the backstop for every other route (the API's, the control socket's, an unknown path's, an
+# Expect: 100-continue that never sends its body), none of which times its body itself.
+BODY_TIMEOUT_S = 40.0
 # Idle time allowed between requests on one connection (and for the next request's head). Above
 # aiohttp's client keep-alive (15 s), so our own sync client drops an idle connection first and
 # never reuses one the server is closing; the default sync interval (5 s) reuses well within it.
@@ -60,8 +72,9 @@ RESERVED_FDS = 128  # for the databases, the log, outgoing sync connections, DNS
 ACCEPT_PAUSE_S = 1.0  # how long a listener stops accepting when no descriptor is left
 ACCEPT_BATCH = 64  # connections taken per wake-up, so one busy listener cannot starve the loop
 
-ENV = {"head_timeout_s": "MEMMESH_HEAD_TIMEOUT_S", "per_listener": "MEMMESH_MAX_CONNECTIONS",
-       "per_source": "MEMMESH_MAX_CONNECTIONS_PER_SOURCE", "keepalive_s": "MEMMESH_KEEPALIVE_S"}
+ENV = {"head_timeout_s": "MEMMESH_HEAD_TIMEOUT_S", "body_timeout_s": "MEMMESH_BODY_TIMEOUT_S",
+       "per_listener": "MEMMESH_MAX_CONNECTIONS", "per_source": "MEMMESH_MAX_CONNECTIONS_PER_SOURCE",
+       "keepalive_s": "MEMMESH_KEEPALIVE_S"}
 
 log = logging.getLogger("memmesh.serve")
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -80,12 +93,14 @@ def _event(name: str, level: int = logging.INFO, **fields: Any) -> None:
 @dataclass(frozen=True)
 class Limits:
     """What one listener allows. None: no bound of that kind (the control socket's per-source
-    and head bounds: only the home's owner can connect to it)."""
+    bound: only the home's owner can connect to it)."""
 
     head_timeout_s: float | None = HEAD_TIMEOUT_S
     keepalive_s: float = KEEPALIVE_S
     per_listener: int | None = MAX_PER_LISTENER
     per_source: int | None = MAX_PER_SOURCE
+    body_timeout_s: float | None = BODY_TIMEOUT_S
+    evict_stalled: bool = False  # at the listener cap, close a stalled connection instead of refusing
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Limits":
@@ -165,6 +180,7 @@ class GuardedSite(web.BaseSite):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused: asyncio.TimerHandle | None = None
         self._pending: set[asyncio.Task[Any]] = set()
+        self._guards: set[_Guard] = set()  # the connections held, for evict_stalled
         self._stopped = False
 
     @property
@@ -210,6 +226,8 @@ class GuardedSite(web.BaseSite):
                 return
             source = _source(addr)
             refused = self._refusal(source)
+            if refused is not None and refused.startswith("listener") and self._evict_one():
+                refused = None
             if refused is not None:
                 _event("connection.refused", logging.WARNING, listener=self.label, peer=source, reason=refused)
                 _reset(conn)
@@ -223,6 +241,20 @@ class GuardedSite(web.BaseSite):
         if source is not None and lim.per_source is not None and self.per_source[source] >= lim.per_source:
             return f"per-source cap ({lim.per_source} connections)"
         return None
+
+    def _evict_one(self) -> bool:
+        """With ``evict_stalled``: close the oldest connection whose client owes bytes (mid-head,
+        mid-body, or no request at all yet) so a newcomer fits; False when there is none."""
+        if not self.limits.evict_stalled:
+            return False
+        stalled = [g for g in self._guards if g.stalled() and not g.released]
+        if not stalled:
+            return False
+        victim = min(stalled, key=lambda g: g.since)
+        _event("connection.evicted", logging.WARNING, listener=self.label, peer=victim.source,
+               reason=f"listener cap ({self.limits.per_listener} connections): closed the oldest stalled one")
+        victim.close_now()
+        return True
 
     def _admit(self, conn: socket.socket, source: str | None) -> None:
         assert self._loop is not None
@@ -248,7 +280,9 @@ class GuardedSite(web.BaseSite):
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    def _release(self, source: str | None) -> None:
+    def _release(self, guard: "_Guard") -> None:
+        source = guard.source
+        self._guards.discard(guard)
         self.open -= 1
         if source is not None:
             self.per_source[source] -= 1
@@ -283,45 +317,233 @@ def _reset(conn: socket.socket) -> None:
     conn.close()
 
 
+class RequestFramer:
+    """Where each request's head and body end in the bytes a client sends, found as they arrive
+    (request line and header lines, Content-Length, chunked with its trailers), to time them;
+    nothing is parsed for meaning, aiohttp does that. What it cannot frame (a line longer than
+    any aiohttp accepts, a length that is not a number) aiohttp refuses with a 400 and closes:
+    framing stops there (``lost``) and the timers running go on."""
+
+    MAX_LINE = 16384  # above aiohttp's 8,190-byte line and field limits
+
+    def __init__(self) -> None:
+        self.phase = "head"  # head | length | chunk-size | chunk-data | chunk-end | trailer | lost
+        self.started = False  # the current head has had a byte
+        self.requests = 0  # heads completed
+        self.messages = 0  # heads started: identifies the one being timed
+        self._line = bytearray()
+        self._remaining = 0
+        self._length: int | None = 0
+        self._chunked = False
+        self._lines = 0
+
+    @property
+    def in_head(self) -> bool:
+        return self.phase == "head" and self.started
+
+    @property
+    def in_body(self) -> bool:
+        return self.phase in ("length", "chunk-size", "chunk-data", "chunk-end", "trailer")
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n and self.phase != "lost":
+            if self.phase == "length":
+                take = min(self._remaining, n - i)
+                self._remaining -= take
+                i += take
+                if self._remaining == 0:
+                    self._next_head()
+                continue
+            if self.phase == "chunk-data":
+                take = min(self._remaining, n - i)
+                self._remaining -= take
+                i += take
+                if self._remaining == 0:
+                    self.phase = "chunk-end"
+                continue
+            if self.phase == "head" and not self.started:
+                self.started = True
+                self.messages += 1
+            end = data.find(b"\n", i)
+            if end < 0:
+                self._line += data[i:]
+                if len(self._line) > self.MAX_LINE:
+                    self.phase = "lost"
+                return
+            self._line += data[i:end]
+            i = end + 1
+            line = bytes(self._line).rstrip(b"\r")
+            self._line.clear()
+            if len(line) > self.MAX_LINE:
+                self.phase = "lost"
+                return
+            self._on_line(line)
+
+    def _on_line(self, line: bytes) -> None:
+        if self.phase == "head":
+            if self._lines == 0 and not line:
+                return  # empty lines before a request line are allowed (RFC 9112 2.2)
+            self._lines += 1
+            if self._lines > 1 and not line:
+                self._head_done()
+                return
+            name, sep, value = line.partition(b":")
+            name = name.strip().lower()
+            if self._lines > 1 and sep and name == b"content-length":
+                text = value.strip()
+                self._length = int(text) if text.isdigit() and len(text) < 19 else None
+            elif self._lines > 1 and sep and name == b"transfer-encoding":
+                self._chunked = b"chunked" in value.lower()
+        elif self.phase == "chunk-size":
+            size = line.split(b";", 1)[0].strip()
+            try:
+                self._remaining = int(size, 16)
+            except ValueError:
+                self.phase = "lost"
+                return
+            self.phase = "chunk-data" if self._remaining else "trailer"
+        elif self.phase == "chunk-end":
+            self.phase = "chunk-size"
+        elif self.phase == "trailer" and not line:
+            self._next_head()
+
+    def _head_done(self) -> None:
+        self.requests += 1
+        if self._chunked:  # Transfer-Encoding wins over Content-Length (RFC 9112 6.3)
+            self.phase = "chunk-size"
+        elif self._length is None:
+            self.phase = "lost"
+        elif self._length > 0:
+            self.phase, self._remaining = "length", self._length
+        else:
+            self._next_head()
+
+    def _next_head(self) -> None:
+        self.phase, self.started, self._lines = "head", False, 0
+        self._length, self._chunked = 0, False
+
+
+class RequestClock:
+    """The request timers of one connection: the head ``limits.head_timeout_s`` from its start
+    (the connection's, for the first request; its first byte, for the next), the body
+    ``limits.body_timeout_s`` from its head; ``on_late`` closes the connection. ``feed`` every
+    byte the client sends, ``stop`` when the connection is gone."""
+
+    def __init__(self, limits: Limits, label: str, peer: str | None, on_late: Callable[[], None]) -> None:
+        self.limits = limits
+        self.label = label
+        self.peer = peer
+        self.on_late = on_late
+        self.framer = RequestFramer()
+        self.timer: asyncio.TimerHandle | None = None
+        self.timing: tuple[str, int] | None = None  # ("head" | "body", message number) being timed
+
+    def start(self) -> None:
+        self._arm("head", 1)  # the first head is timed from the connection's start
+
+    def feed(self, data: bytes) -> None:
+        f = self.framer
+        f.feed(data)
+        if f.in_head:
+            self._arm("head", f.messages)
+        elif f.in_body:
+            self._arm("body", f.messages)
+        elif f.phase != "lost":
+            self.stop()  # between requests: the server's keep-alive timer bounds the wait
+
+    def stalled(self) -> bool:
+        """Its client owes bytes: no request yet, or one begun and not finished sending."""
+        f = self.framer
+        return f.requests == 0 or f.in_head or f.in_body
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.timing = None
+
+    def _arm(self, what: str, message: int) -> None:
+        if self.timing == (what, message):
+            return  # the same head or body: its clock runs from its start, bytes reset nothing
+        self.stop()
+        timeout = self.limits.head_timeout_s if what == "head" else self.limits.body_timeout_s
+        if timeout is not None:
+            self.timing = (what, message)
+            self.timer = asyncio.get_running_loop().call_later(timeout, self._late, what, timeout)
+
+    def _late(self, what: str, timeout: float) -> None:
+        self.timer = self.timing = None
+        reason = (f"no complete request head within {timeout:g} s" if what == "head"
+                  else f"the request body was not complete {timeout:g} s after its head")
+        _event("connection.timeout", logging.WARNING, listener=self.label, peer=self.peer, reason=reason)
+        self.on_late()
+
+
+def timed_protocol(base: type[Any], limits: Limits, label: str) -> type[Any]:
+    """``base``, another server's HTTP protocol class (uvicorn's, for ``memmesh mcp --http``),
+    with each request timed as a GuardedSite times it (``RequestClock``)."""
+
+    class Timed(base):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            peer = _source(transport.get_extra_info("peername"))
+            self._memmesh_clock = RequestClock(limits, label, peer, transport.abort)  # type: ignore[attr-defined]
+            self._memmesh_clock.start()
+            super().connection_made(transport)
+
+        def data_received(self, data: bytes) -> None:
+            self._memmesh_clock.feed(data)
+            super().data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._memmesh_clock.stop()
+            super().connection_lost(exc)
+
+    Timed.__name__ = Timed.__qualname__ = f"Timed{base.__name__}"
+    return Timed
+
+
 class _Guard(asyncio.Protocol):
-    """One accepted connection: aiohttp's RequestHandler inside, a head timer and the caps' count
-    outside. Every callback is forwarded unchanged; only the timer's expiry closes early."""
+    """One accepted connection: aiohttp's RequestHandler inside, the request timers
+    (``RequestClock``) and the caps' count outside. Every callback is forwarded unchanged; only a
+    timer's expiry (or an eviction) closes early."""
 
     def __init__(self, site: GuardedSite, source: str | None) -> None:
         self.site = site
         self.source = source
         self.inner: Any = None
         self.transport: asyncio.Transport | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.tail = b""  # the last bytes seen, to find a head's end split across reads
+        self.clock = RequestClock(site.limits, site.label, source, self._abort)
+        self.since = time.monotonic()
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.site._release(self.source)
+            self.site._release(self)
+
+    def stalled(self) -> bool:
+        return self.clock.stalled()
+
+    def close_now(self) -> None:
+        self.site._guards.discard(self)  # chosen once: the next eviction picks another
+        self.clock.stop()
+        self._abort()
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.site._guards.add(self)
         server: Callable[[], Any] | None = self.site._runner.server
         assert server is not None
         self.inner = server()
-        timeout = self.site.limits.head_timeout_s
-        if timeout is not None:
-            self.timer = asyncio.get_running_loop().call_later(timeout, self._head_late)
+        self.clock.start()
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.timer is not None:
-            # The head ends at its first empty line; a bare LF counts too (if the parser disagrees,
-            # aiohttp's keep-alive timer still ends a connection that never completes a request).
-            seen = self.tail + data
-            if b"\r\n\r\n" in seen or b"\n\n" in seen:
-                self.timer.cancel()
-                self.timer = None
-                self.tail = b""
-            else:
-                self.tail = seen[-3:]
+        self.clock.feed(data)
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -334,16 +556,7 @@ class _Guard(asyncio.Protocol):
         self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.clock.stop()
         self.release()
         if self.inner is not None:
             self.inner.connection_lost(exc)
-
-    def _head_late(self) -> None:
-        self.timer = None
-        _event("connection.timeout", logging.WARNING, listener=self.site.label, peer=self.source,
-               reason=f"no complete request head within {self.site.limits.head_timeout_s:g} s")
-        if self.transport is not None:
-            self.transport.abort()

@@ -11,9 +11,11 @@ written too (serve calls it every interval and as it stops).
 
 Which records are folded: every record of a library's logger (asyncio, aiohttp, ...: their
 records repeat per event and never come from an operator's action), and memmesh records that
-carry a ``throttle`` key (``extra={"throttle": "connection.refused sync"}``). memmesh's other
-records are written as they come: they are paced by serve itself (a sync round, a command),
-and an operator acting twice should see two lines.
+carry a ``throttle`` key (``extra={"throttle": "connection.refused sync"}``), with
+``throttle_burst`` records of a key written per interval before folding (1 unless given: the
+access log lets a few requests of each kind through, so honest traffic keeps its lines while
+a flood of them folds). memmesh's other records are written as they come: they are paced by
+serve itself (a sync round, a command), and an operator acting twice should see two lines.
 """
 from __future__ import annotations
 
@@ -32,11 +34,12 @@ _DIRECTIVE = re.compile(r"%(?:\([^)]*\))?[-#0 +]*\d*(?:\.\d+)?[sdrifxXeEgGc%]")
 
 
 class _Slot:
-    __slots__ = ("since", "count", "last")
+    __slots__ = ("since", "count", "last", "written")
 
     def __init__(self, since: float) -> None:
         self.since = since
         self.count = 0
+        self.written = 1
         self.last: logging.LogRecord | None = None
 
 
@@ -82,6 +85,9 @@ class RepeatFilter(logging.Filter):
                     self._drop_oldest()
                 self._slots[key] = _Slot(now)
                 return True
+            if slot.written < _burst(record) and not slot.count:
+                slot.written += 1
+                return True
             slot.count += 1
             slot.last = record
             return False
@@ -107,3 +113,8 @@ class RepeatFilter(logging.Filter):
     def _drop_oldest(self) -> None:
         for key in sorted(self._slots, key=lambda k: self._slots[k].since)[: MAX_KEYS // 4]:
             del self._slots[key]
+
+
+def _burst(record: logging.LogRecord) -> int:
+    burst = getattr(record, "throttle_burst", 1)
+    return burst if isinstance(burst, int) and burst > 1 else 1

@@ -28,6 +28,7 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -47,6 +48,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
 
 from auth.errors import MemmeshError
+from node.api.app import host_allowed
 from node.api.token import matches, read_token
 from node.cli import failure, run_command
 from node.commands import ParamsError, Result
@@ -205,7 +207,10 @@ def _relevant_memories(home: Path, agent: str, arguments: dict[str, str]) -> lis
         if isinstance(params.get(name), str):
             params[name] = [line for line in params[name].splitlines() if line.strip()]
     for name in NUMBERS:
-        if isinstance(params.get(name), str) and params[name].strip().isdigit():
+        # ASCII digits only, and few: str.isdigit() accepts '²' and '①', which int() refuses,
+        # and int() refuses more than 4300 digits. Anything else goes on as text, and the
+        # registry answers that it is not a whole number.
+        if isinstance(params.get(name), str) and re.fullmatch(r"[0-9]{1,18}", params[name].strip()):
             params[name] = int(params[name].strip())
     try:
         block = call(home, "autorecall", {**params, "agent": agent}).data["block"]
@@ -298,18 +303,32 @@ class BearerGuard:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        headers = scope.get("headers") or []
+        # The HTTP API's Host rule (node/api/app.py), before the token: the SDK's own check takes
+        # "127.0.0.1:*" as a prefix, so "127.0.0.1:7413@elsewhere" passed it.
+        hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
+        server = scope.get("server")
+        if len(hosts) != 1 or not host_allowed(hosts[0], tuple(server) if server else None):
+            await _refuse(send, 421, "misdirected_request", "the Host header does not name this MCP server; use the "
+                                                            "address it listens on (or localhost) with its port")
+            return
+        given = dict(headers).get(b"authorization", b"").decode("latin-1")
         scheme, _, value = given.partition(" ")
         if scheme.lower() == "bearer" and value.strip() and matches(value.strip(), self._token):
             await self.app(scope, receive, send)
             return
         message = ("this MCP server needs the node's token: send Authorization: Bearer <the content of "
                    "HOME/api.token>") if not given else "the bearer token is not this node's (it is in HOME/api.token)"
-        body = json.dumps({"error": {"code": "unauthorized", "message": message}}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b'Bearer realm="memmesh"')]})
-        await send({"type": "http.response.body", "body": body})
+        await _refuse(send, 401, "unauthorized", message, [(b"www-authenticate", b'Bearer realm="memmesh"')])
+
+
+async def _refuse(send: Callable[..., Awaitable[None]], status: int, code: str, message: str,
+                  extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def run_http(home: Path, agent: str, listen: str) -> None:
@@ -328,7 +347,13 @@ def run_http(home: Path, agent: str, listen: str) -> None:
     # log_config=None: uvicorn's records go to the process's stderr handler; no access log.
     # Bounded like serve's listeners (docs/operations.md, "Connection limits"): at most 64
     # connections and tasks at once (503 beyond), idle keep-alive connections closed after 20 s.
+    # uvicorn times no request head or body: each is timed as serve's are (node/listeners.py).
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from node.listeners import Limits, timed_protocol
+
     config = uvicorn.Config(app, log_config=None, access_log=False, log_level="warning",
-                            limit_concurrency=64, timeout_keep_alive=20)
+                            limit_concurrency=64, timeout_keep_alive=20,
+                            http=timed_protocol(H11Protocol, Limits.from_env(), "mcp"))
     with sock:
         anyio.run(partial(uvicorn.Server(config).serve, sockets=[sock]))

@@ -10,11 +10,11 @@ over a control channel, so those never wait on the home's lock:
                       HTTP API's address (``api``, null when off; node/api/) (mode 0600);
                       written once everything answers, removed first on the way out
 
-Every listener is a node/listeners.py GuardedSite: a header read timeout, an idle keep-alive
-timeout, caps per listener and per source address within the file-descriptor limit (raised at
-start), and no accept spin when descriptors run out, so nobody who can open a socket can stall
-the node or starve the control channel. The log folds repeats (node/logthrottle.py) and escapes
-every field (LogFormatter).
+Every listener is a node/listeners.py GuardedSite: a timeout for each request's head and one for
+its body, an idle keep-alive timeout, caps per listener and per source address within the
+file-descriptor limit (raised at start), and no accept spin when descriptors run out, so nobody
+who can open a socket can stall the node or starve the control channel. The log folds repeats
+(node/logthrottle.py) and escapes every field (LogFormatter).
 
 Threads: the asyncio loop moves bytes (sync API, control channel, HTTP API); one database thread
 (node.worker.DbThread) runs every call that touches the node, commands included, in order.
@@ -54,6 +54,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
@@ -409,14 +410,20 @@ class ControlChannel:
         except BaseException as exc:  # everything goes back to the client as one line
             final = error_line(exc, name)
         # Logged before the answer goes out: whatever a client was told is in the log already.
-        _event("control", op=name, status="ok" if final["ok"] else final["error"],
-               ms=round((time.monotonic() - t0) * 1000, 1))
+        # Folded past ACCESS_BURST per command and outcome per 10 s, like the access logs: a
+        # local script looping on the socket must not write a line per call either.
+        status = "ok" if final["ok"] else final["error"]
+        kind = name if name in self.commands.registry.names() else "other"
+        log.info("control", extra={"fields": {"op": name, "status": status,
+                                              "ms": round((time.monotonic() - t0) * 1000, 1)},
+                                   "throttle": f"control {kind} {status}", "throttle_burst": ACCESS_BURST})
         await send(final)
         if not gone:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await resp.write_eof()
         if gone:
-            _event("control.gone", logging.WARNING, op=name, note="the client left before the answer")
+            log.warning("control.gone", extra={"fields": {"op": name, "note": "the client left before the answer"},
+                                               "throttle": f"control.gone {kind}", "throttle_burst": ACCESS_BURST})
         return resp
 
 
@@ -467,7 +474,25 @@ async def _access_log(request: web.Request, handler: Callable[[web.Request], Any
         key = request.headers.get("memmesh-key")
         if key:
             fields["key"] = key  # as claimed: the protocol checks the signature
-        _event("request", **fields)
+        # Anyone can send requests by the thousand (2,000 pipelined in one write): lines of one
+        # operation and outcome are folded per interval (node/logthrottle.py), keyed by nothing
+        # the sender chooses freely, so neither the count of lines nor of keys grows with them.
+        log.info("request", extra={"fields": fields, "throttle": access_key("request", fields["op"], status),
+                                   "throttle_burst": ACCESS_BURST})
+
+
+# Access-log lines of one kind (operation, status) written per 10 s before the rest are folded
+# into a count: honest peers send a few of each per interval; a flood writes at most this many
+# per kind (a few dozen kinds), not one per request.
+ACCESS_BURST = 10
+
+
+def access_key(event: str, op: Any, status: Any) -> str:
+    """The fold key of an access-log line: its operation (a known sync operation, else "other")
+    and its status."""
+    from node.sync import messages as m
+
+    return f"{event} {op if op in m.REQUESTS else 'other'} {status}"
 
 
 def _sync_error(code: str, message: str) -> bytes:
@@ -563,8 +588,12 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
     # descriptor limit leaves after a reserve, so the control socket always has some.
     fds_each = reserve_fds(3)  # sync, API, control
     net_limits = (limits or Limits()).within(fds_each)
-    ctl_limits = Limits(head_timeout_s=None, per_source=None, per_listener=fds_each)
-    _event("limits", head_timeout_s=net_limits.head_timeout_s, keepalive_s=net_limits.keepalive_s,
+    # The control socket: only the owner connects, so no per-source cap; its clients send each
+    # request at once, so the same request timers hold, and a full listener closes its oldest
+    # stalled connection rather than refuse the CLI (a stalled local script cannot lock it out).
+    ctl_limits = replace(net_limits, per_source=None, per_listener=fds_each, evict_stalled=True)
+    _event("limits", head_timeout_s=net_limits.head_timeout_s, body_timeout_s=net_limits.body_timeout_s,
+           keepalive_s=net_limits.keepalive_s,
            per_listener=net_limits.per_listener, per_source=net_limits.per_source, control=fds_each)
     flusher = asyncio.ensure_future(_flush_repeats_every(log_handler))
     stale = read_info(home)
@@ -623,7 +652,8 @@ async def _serve(node: Node, *, listen: str | None, discovery: bool | None, inte
                     control=str(sock_path), node_key=str(node.peer_key.public),
                     started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         channel = ControlChannel(node, db, info, registry=registry, status=sync.status)
-        ctl_runner = web.AppRunner(channel.app(), access_log=None, shutdown_timeout=DRAIN_S)
+        ctl_runner = web.AppRunner(channel.app(), access_log=None, shutdown_timeout=DRAIN_S,
+                                   keepalive_timeout=ctl_limits.keepalive_s)
         await ctl_runner.setup()
         runners.append(ctl_runner)
         await GuardedSite(ctl_runner, ctl_sock, ctl_limits, "control").start()

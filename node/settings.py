@@ -67,6 +67,14 @@ APPLIED = "config-in-force"  # registry setting: the last config applied cleanly
 DEFAULT_API_PORT = 7412
 TOOL_NAMES = ("remember", "recall", "list_memory_banks", "neighbors")
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything near this is a mistake
+# The deepest key of a config is a few levels down (agents[0].auto_recall.trust_weights.peer);
+# 32 leaves room and stays far below what recursion (YAML's composer, this module) can take.
+MAX_YAML_DEPTH = 32
+# Values the config expands to, aliases counted each time they are used: 1 MiB of YAML spells at
+# most about half a million values without aliases, so no real config comes near this, while
+# nine nested aliases of nine (a "billion laughs") would expand to 387 million and hold the
+# process (and every message that quotes the value) for minutes and gigabytes.
+MAX_YAML_VALUES = 1 << 20
 
 Loc = tuple[Any, ...]
 
@@ -360,6 +368,8 @@ class _Tree:
         self.lines: dict[Loc, int] = {}
         self._built: dict[int, Any] = {}  # an alias is the same node: built once
         self._building: set[int] = set()
+        self._sizes: dict[int, int] = {}  # values a built node expands to
+        self.expanded = 0  # values of the whole tree so far, aliases expanded
         self._scalars = yaml.constructor.SafeConstructor()
 
     def error(self, node: yaml.Node, problem: str) -> ConfigFileError:
@@ -382,13 +392,19 @@ class _Tree:
             raise self.located(node, path, exc.problem or "a value that safe loading refuses") from None
 
     def value(self, node: yaml.Node, path: Loc) -> Any:
+        if len(path) > MAX_YAML_DEPTH:
+            raise self.error(node, f"{_where(path[:3])}...: nests deeper than {MAX_YAML_DEPTH} levels; a config "
+                                   "needs a handful")
         self.lines.setdefault(path, node.start_mark.line + 1)
         if id(node) in self._built:
+            self._count(node, self._sizes[id(node)])
             return self._built[id(node)]
         if id(node) in self._building:
             raise self.error(node, "an alias refers to the value that contains it")
         if isinstance(node, yaml.ScalarNode):
+            self._count(node, 1)
             return self._scalar(node, path)
+        before = self.expanded
         if node.tag not in (self.MAP, self.SEQ):
             raise self.tag_refused(node, path)
         self._building.add(id(node))
@@ -411,13 +427,24 @@ class _Tree:
                 self.lines[(*path, key)] = line
                 out[key] = self.value(value_node, (*path, key))
         self._building.discard(id(node))
+        self._count(node, 1)
+        self._sizes[id(node)] = self.expanded - before
         self._built[id(node)] = out
         return out
+
+    def _count(self, node: yaml.Node, values: int) -> None:
+        self.expanded += values
+        if self.expanded > MAX_YAML_VALUES:
+            raise self.error(node, f"its aliases expand to more than {MAX_YAML_VALUES:,} values; a config needs "
+                                   "a few hundred")
 
 
 def _read_yaml(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:  # the composer recurses once per level: "[" * 5000 exhausts the stack
+        raise ConfigFileError.at(file, None, f"not valid YAML for a config: it nests deeper than {MAX_YAML_DEPTH} "
+                                             "levels") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = "; ".join(p for p in (exc.context, exc.problem) if p) or "not valid YAML"

@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    # NaN and the infinities are no setting's value (JSON has no spelling for them; 1e999 and
+    # YAML's .inf decode to one); every float field refuses them here, once.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

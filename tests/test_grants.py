@@ -158,7 +158,7 @@ def test_refused_grants_and_revokes_say_why_and_write_nothing(tmp_path):
         ("memory.revoke", "bank:root", AuthError, "administers notes"),
         ("memory.grant", "node:self", AuthError, "this node's peer key"),
         ("memory.grant", invite, AuthError, "invite key"),
-        ("memory.revoke", str(SigningKey.generate().public), NotGranted, "not in notes's settings"),
+        ("memory.revoke", str(SigningKey.generate().public), NotGranted, "not in the settings of notes"),
         ("memory.revoke", "ed25519:not-a-key", ParamsError, "not a public key"),
         ("memory.revoke", "", ParamsError, "at least 1 character"),
         ("memory.revoke", "peer:mm-0000000000000000", UnknownName, "memmesh memory grants notes"),
@@ -207,7 +207,7 @@ async def test_grants_over_http_and_an_empty_or_bad_ref_to_delete_is_4xx(api):  
     assert status == 200 and answer["data"]["changed"] is False
     key = str(SigningKey.generate().public)
     status, answer, _ = await api.call("POST", "/v1/memory/revoke", {"bank": "notes", "agent": key})
-    assert status == 404 and "not in notes's settings" in answer["error"]["message"]
+    assert status == 404 and "not in the settings of notes" in answer["error"]["message"]
 
     before = await api.written()
     for ref, expected in (("", {400}), ("no\x00bank", {400, 404}), ("x" * 300, {404}), ("sha256:" + "0" * 64, {404})):

@@ -42,6 +42,17 @@ def test_add_keeps_addresses_most_recent_first_and_every_way():
     assert [r.key for r in b.peers(DB)] == [k(1)] and b.peers(DB2) == [] and b.databases() == [DB]
 
 
+def test_hearsay_never_pushes_known_addresses_out():
+    """Peer exchange is hearsay: a reader naming a peer with made-up addresses adds them after
+    the ones known (room permitting), never in front of them or in their place."""
+    b = book()
+    b.add(DB, k(1), [addr(1), addr(2)], "ticket", 100)
+    b.add(DB, k(1), [addr(i) for i in range(100, 110)], "exchange", 200)
+    assert b.get(DB, k(1)).addrs == (addr(1), addr(2), *(addr(i) for i in range(100, 106)))
+    b.add(DB, k(1), [addr(3)], "lan", 300)  # what the peer says of itself still comes first
+    assert b.get(DB, k(1)).addrs[:3] == (addr(3), addr(1), addr(2))
+
+
 def test_never_the_node_itself():
     b = book()
     assert b.add(DB, ME, [addr(0)], "lan", 1) is None

@@ -15,14 +15,16 @@ the registry before the handler runs, so they change nothing.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
 import time
-from itertools import accumulate
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.web_protocol import RequestPayloadError
 
 from node.api import errors
 from node.api.errors import HttpError, envelope, kind_of
@@ -34,16 +36,15 @@ from node.api.routes import OPENAPI_PATH, Route, build_routes
 from node.api.token import matches
 from node.cli import failure
 from node.commands import REGISTRY
+from node.commands.params import MAX_DEPTH, json_nesting, no_json_constant, unique_keys
 from node.commands.registry import Registry
 from node.commands.result import Result
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a memory's value is at most a few KiB; nothing needs more
 # No command takes parameters nested more than a few levels (edges, a config value's mapping);
 # 64 is far above that and far below what recursion in the decoder or the validator could hit.
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = MAX_DEPTH
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_DEPTH = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 Runner = Callable[[str, dict[str, Any]], Awaitable[Result]]
 ROUTES = web.AppKey("routes", list)
 OPS = web.AppKey("ops", dict)  # (method, path template) -> the command's name, for the log
@@ -94,15 +95,19 @@ async def _body(request: web.Request) -> dict[str, Any]:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:  # a chunked body that grew past the limit
         raise _too_large(None) from None
+    except (RequestPayloadError, BadHttpMessage) as exc:  # a Content-Encoding that does not decode, a bad chunk
+        raise HttpError(errors.INVALID_JSON, f"the body could not be read: {_one_line(exc)}") from None
+    except ConnectionError:  # the client went away (or the body timer cut it) mid-body
+        raise HttpError(errors.INVALID_JSON, "the body ended before it was complete (the connection closed)") from None
     if not raw.strip():
         return {}  # no body: the command's defaults (and its refusal of what is missing)
     if request.content_type != "application/json":
         raise HttpError(errors.UNSUPPORTED_MEDIA_TYPE,
                         f"the body must be application/json (got {request.content_type or 'no content type'})")
-    if _nesting(raw) > MAX_JSON_DEPTH:
+    if json_nesting(raw) > MAX_JSON_DEPTH:
         raise _too_deep()
     try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        value = json.loads(raw.decode("utf-8"), parse_constant=no_json_constant, object_pairs_hook=unique_keys)
     except (UnicodeDecodeError, ValueError) as exc:
         raise HttpError(errors.INVALID_JSON, f"the body is not valid JSON: {_why(exc)}") from None
     except RecursionError:  # not reached past the scan above; a last guard, never a 500
@@ -110,17 +115,6 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise HttpError(errors.INVALID_JSON, f"the body must be a JSON object, got {_json_type(value)}")
     return value
-
-
-def _nesting(raw: bytes) -> int:
-    """How deep the body's arrays and objects nest, at most (brackets in strings do not count),
-    found without decoding it: a body nested 100,000 deep must be refused before json.loads
-    recurses into it. Malformed text gives some number; json.loads then says what is wrong."""
-    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    return max(accumulate(_DEPTH[b] for b in brackets), default=0)
-
-
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in _DEPTH)
 
 
 def _too_deep() -> HttpError:
@@ -132,8 +126,10 @@ def _too_large(size: int | None) -> HttpError:
     return HttpError(errors.BODY_TOO_LARGE, f"the body is over the limit of {MAX_BODY_BYTES} bytes{got}")
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+def _one_line(exc: BaseException) -> str:
+    """aiohttp's messages span lines ("400, message:\n  ..."); the part after them, on one line."""
+    text = " ".join(str(exc).split())
+    return re.sub(r"^\d{3}, message: ", "", text)[:200]
 
 
 def _why(exc: Exception) -> str:
@@ -141,6 +137,8 @@ def _why(exc: Exception) -> str:
         return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
     if isinstance(exc, UnicodeDecodeError):
         return "it is not UTF-8"
+    if "integer string conversion" in str(exc):  # Python's own wording names an interpreter setting
+        return "a number has more digits than any parameter can hold"
     return str(exc)
 
 
@@ -156,8 +154,13 @@ async def _host(request: web.Request, handler: Callable[[web.Request], Awaitable
     """Only a request that names this API answers: a DNS-rebinding page's requests carry its
     own host name, though they reach 127.0.0.1. Compared with the address the connection
     arrived on, so it holds for any --api-listen (and port 0) without being told."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
     given = request.headers.get("Host", "")
-    if not host_allowed(given, request.transport.get_extra_info("sockname") if request.transport else None):
+    # An absolute-form target (GET http://host/path) names a host too, which aiohttp's URL
+    # then takes; both must name this API. For the usual origin-form it is the Host header.
+    if host_allowed(given, sockname):
+        given = request.url.raw_authority or ""
+    if not host_allowed(given, sockname):
         shown = given if given.isprintable() and len(given) <= 80 else repr(given[:80])
         raise HttpError(errors.MISDIRECTED, f"the Host header {shown!r} does not name this API; use the address it "
                                             "listens on (or localhost, 127.0.0.1, [::1]) with its port")
@@ -175,7 +178,43 @@ def host_allowed(host: str, sockname: Any) -> bool:
         name, given_port = host.strip().lower(), "80"
     if not given_port.isascii() or not given_port.isdigit() or int(given_port) != port:
         return False
-    return name in LOCAL_HOSTS or name == (f"[{local}]" if ":" in local else local)
+    if name in LOCAL_HOSTS or name == "localhost.":  # the root-anchored name is localhost too (RFC 6761)
+        return True
+    # An address literal in any spelling ([0:0:0:0:0:0:0:1], [::ffff:127.0.0.1]) of the listen
+    # address or of loopback: a page reaches a literal only by naming it, so no rebinding
+    # stands behind one.
+    given_ip = _host_address(name)
+    if given_ip is None:
+        return False
+    try:
+        local_ip = _plain(ipaddress.ip_address(local))
+    except ValueError:  # not an address the socket could have; nothing then names it
+        local_ip = None
+    return given_ip in _LOOPBACK_IPS or given_ip == local_ip
+
+
+_LOOPBACK_IPS = frozenset({ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")})
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _host_address(name: str) -> Address | None:
+    """The address a Host literal names (IPv6 only in brackets, without a zone id); None for a
+    host name or anything ipaddress does not read (127.1, 2130706433, leading zeros)."""
+    bracketed = name.startswith("[") and name.endswith("]")
+    if ":" in name and not bracketed:
+        return None
+    try:
+        ip = ipaddress.ip_address(name[1:-1] if bracketed else name)
+    except ValueError:
+        return None
+    if bracketed != isinstance(ip, ipaddress.IPv6Address) or getattr(ip, "scope_id", None):
+        return None
+    return _plain(ip)
+
+
+def _plain(ip: Address) -> Address:
+    """IPv4-mapped IPv6 (::ffff:127.0.0.1) as the IPv4 address it is."""
+    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
 
 
 def _bearer(token: str) -> Any:
@@ -226,9 +265,13 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         kind = kind_of(exc)
         code = kind.code
         resp = _json(kind.status, envelope(code, _message(exc, request)))
+    # Folded per route and status past a few per 10 s (node/logthrottle.py): a flood of requests
+    # (2,000 pipelined in one write) must not write a line each; unknown paths share one key.
+    fold = f"api {_op(request) if request.match_info.route.resource is not None else 'other'} {resp.status}"
     log.info("api", extra={"fields": {"op": _op(request), "method": request.method, "path": request.path,
                                       "status": resp.status, **({"code": code} if code else {}),
-                                      "peer": request.remote, "ms": round((time.monotonic() - t0) * 1000, 1)}})
+                                      "peer": request.remote, "ms": round((time.monotonic() - t0) * 1000, 1)},
+                           "throttle": fold, "throttle_burst": 10})
     return resp
 
 

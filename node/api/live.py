@@ -31,6 +31,7 @@ METRICS_PATH = "/metrics"
 HEALTH_PATH = "/v1/health"
 LIVE_ROUTES = frozenset({("GET", EVENTS_PATH), ("GET", METRICS_PATH), ("GET", HEALTH_PATH)})
 KEEPALIVE_S = 15.0
+EVENTS_PER_WRITE = 256
 _ID = re.compile(r"^[0-9]{1,18}$")
 LIVE = web.AppKey("live", object)
 
@@ -136,9 +137,14 @@ async def _events(request: web.Request) -> web.StreamResponse:
                 batch = bus.read(cursor, types)
                 if batch.missed is not None:
                     await resp.write(_unnumbered("missed", {"from": batch.missed[0], "to": batch.missed[1]}))
-                if batch.events:
-                    await resp.write(b"".join(frame(e) for e in batch.events))
-                cursor = batch.cursor
+                # A bounded slice per write: a client that stops reading holds at most this much
+                # in its connection's buffer, not the whole ring (10,000 events) once it lags.
+                events = batch.events[:EVENTS_PER_WRITE]
+                if events:
+                    await resp.write(b"".join(frame(e) for e in events))
+                cursor = batch.cursor if len(events) == len(batch.events) else events[-1].id
+                if len(events) < len(batch.events):
+                    continue
                 if bus.closed:
                     break
                 if not await sub.wait(live.keepalive_s):

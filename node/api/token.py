@@ -64,5 +64,8 @@ def ensure_token(home: Path | str) -> str:
 
 
 def matches(given: str, expected: str) -> bool:
-    """Constant time: how long the comparison takes says nothing about the token."""
-    return hmac.compare_digest(given.encode(), expected.encode())
+    """Constant time: how long the comparison takes says nothing about the token. ``given``
+    comes from a header: bytes that are not UTF-8 reach it as lone surrogates (the server
+    decodes with surrogateescape); encoded with surrogatepass they simply do not match (the
+    token is ASCII) instead of raising."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode())

@@ -13,10 +13,17 @@ if TYPE_CHECKING:
     from node.library import Node
 
 
+# A chat line names a bank, a key, a few words of description: 16 KiB is far above any of
+# them, and shlex's cost grows with the square of a word's length (900 KB took 8 s of the
+# database thread, on which commands run).
+MAX_LINE = 16 << 10
+
+
 class ChatCommand(Params):
     agent: Annotated[str, Cli(positional=True), Field(
         description="the calling agent: attach, detach and config act for it")]
     line: Annotated[str, Cli(positional=True), Field(
+        max_length=MAX_LINE,
         description="the command text: /memory SUBCOMMAND ... or !memmesh memory SUBCOMMAND ... "
                     "(/memory help lists them)")]
     session: Annotated[str | None, Field(

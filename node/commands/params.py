@@ -9,8 +9,10 @@ marker (``Annotated[str, Cli(positional=True)]``), which pydantic keeps and igno
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
@@ -93,10 +95,60 @@ class NoParams(Params):
     """A command that takes nothing."""
 
 
+# No command takes parameters nested more than a few levels (edges, a config value's mapping);
+# the HTTP API refuses deeper bodies before decoding them, and this holds for every other
+# transport (MCP, chat, the control channel) before json.dumps would recurse into them.
+MAX_DEPTH = 64
+
+
+def json_nesting(raw: bytes) -> int:
+    """How deep the arrays and objects of JSON text nest, at most (brackets in strings do not
+    count), found without decoding it: text nested 100,000 deep must be refused before
+    json.loads recurses into it. Malformed text gives some number; json.loads then says what is
+    wrong."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(_BRACKETS[b] for b in brackets), default=0)
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
+
+
+def no_json_constant(name: str) -> Any:
+    """json.loads' parse_constant: NaN and Infinity are not JSON numbers."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: an object naming a key twice is refused, since which of
+    the two a reader takes differs between JSON parsers (what a client or a proxy checked need
+    not be what runs)."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise ValueError(f"the key {_shown(key)} appears twice in one object")
+        value[key] = item
+    return value
+
+
+def loads(text: str) -> Any:
+    """JSON text that people or programs give a parameter as (the CLI's and chat's JSON
+    options), read by the HTTP API's rules: nesting at most MAX_DEPTH, no NaN or Infinity, no
+    key twice. ValueError says what is wrong."""
+    if json_nesting(text.encode("utf-8", "surrogatepass")) > MAX_DEPTH:
+        raise ValueError(f"it nests arrays and objects more than {MAX_DEPTH} deep")
+    try:
+        return json.loads(text, parse_constant=no_json_constant, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at position {exc.pos}") from None
+
+
 def parse(model: type[Params], params: Any, what: str) -> Params:
     """Validate JSON-compatible ``params`` against ``model``; ``what`` names it in errors."""
     if not isinstance(params, dict):
         raise ParamsError(f"{what} takes a JSON object of parameters, got {_json_type(params)}")
+    _check_text(params, what)
     try:
         # Through JSON text, as a socket would carry it: in-process and remote calls are then
         # validated identically, and a value that is not JSON data is refused here.
@@ -107,6 +159,35 @@ def parse(model: type[Params], params: Any, what: str) -> Params:
         return model.model_validate_json(text)
     except ValidationError as exc:
         raise ParamsError(describe(what, model, exc)) from None
+
+
+def _check_text(params: dict[str, Any], what: str) -> None:
+    """Refuse, in one line, what no transport may hand a command: nesting deeper than
+    MAX_DEPTH, and a lone surrogate (U+D800-U+DFFF) in a string or a key. A surrogate is not
+    Unicode text: JSON can spell it (``"\\ud800"``), a command line can carry it (bytes that are
+    not UTF-8), but no file, database or peer can store it. Iterative, so no depth recurses."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(params, 1, ())]
+    while stack:
+        value, depth, loc = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ParamsError(f"{what}: the parameters nest arrays and objects more than {MAX_DEPTH} deep")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    _no_surrogate(key, what, loc, "a key")
+                stack.append((item, depth + 1, (*loc, key)))
+        elif isinstance(value, str):
+            _no_surrogate(value, what, loc, _loc(loc) or "a value")
+
+
+def _no_surrogate(text: str, what: str, loc: tuple[Any, ...], where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = f" of {_loc(loc)}" if where == "a key" and loc else ""
+        raise ParamsError(f"{what}: {where}{shown} holds {text[exc.start]!r}, a lone surrogate, which is not "
+                          "text; send UTF-8 text") from None
 
 
 def describe(what: str, model: type[Params], exc: ValidationError) -> str:

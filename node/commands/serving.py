@@ -26,7 +26,9 @@ DEFAULT_PORT = 7411
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); port 0 picks a free port."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    # isascii: str.isdigit() also accepts '²', which int() refuses; at most 5 digits before int().
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    if not sep or not host or not digits or not 0 <= int(port) <= 65535:
         raise ValueError("should be HOST:PORT with a port from 0 to 65535")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

@@ -94,7 +94,7 @@ def parse_config_value(name: str, raw: Any) -> Any:
         ms: int | None = None
         if isinstance(raw, int) and not isinstance(raw, bool):
             ms = raw
-        elif isinstance(raw, str) and raw.strip().isdigit():
+        elif isinstance(raw, str) and re.fullmatch(r"[0-9]{1,18}", raw.strip()):  # not isdigit(): '²' passes it
             ms = int(raw.strip())
         if ms is None or not 0 <= ms <= MAX_DEADLINE_MS:
             raise ConfigError(f"auto_recall_deadline_ms is a whole number of milliseconds from 0 (auto-recall "
@@ -106,7 +106,7 @@ def parse_config_value(name: str, raw: Any) -> Any:
         value: int | None = None
         if isinstance(raw, int) and not isinstance(raw, bool):
             value = raw
-        elif isinstance(raw, str) and raw.strip().lstrip("+-").isdigit():
+        elif isinstance(raw, str) and re.fullmatch(r"[+-]?[0-9]{1,18}", raw.strip()):  # not isdigit(): '①' passes it
             value = int(raw.strip())
         if value is None or not 1 <= value <= 20:
             raise ConfigError(f"max_entries is a whole number from 1 to 20, got {raw!r}")

@@ -99,6 +99,10 @@ class RequestVerifier:
         self.window_ms = window_ms
         self.max_nonces = max_nonces
         self._seen: OrderedDict[tuple[str, bytes], int] = OrderedDict()  # (caller, nonce) -> time
+        # When the cache is full its oldest nonce is forgotten and requests signed at or before
+        # that nonce's time are refused from then on (they could be replays): a flood of signed
+        # requests under fresh keys pushes this floor up instead of refusing every caller.
+        self._floor_ms = -1
 
     def verify(self, method: str, path: str, headers: Mapping[str, str], body: bytes, now_ms: int,
                *, allow_any_target: bool = False) -> Caller:
@@ -122,12 +126,12 @@ class RequestVerifier:
         if not (time_text.isascii() and time_text.isdigit()) or len(time_text) > 16:
             raise EnvelopeError("sync.unauthenticated", "memmesh-time is not a time in ms")
         t = int(time_text)
-        if len(nonce_hex) != 32:
-            raise EnvelopeError("sync.unauthenticated", "memmesh-nonce is not 16 bytes in hex")
-        try:
-            nonce = bytes.fromhex(nonce_hex)
+        try:  # fromhex skips whitespace: "00 11 ..." would be a shorter nonce
+            nonce = bytes.fromhex(nonce_hex) if len(nonce_hex) == 32 and nonce_hex.isascii() else b""
         except ValueError:
-            raise EnvelopeError("sync.unauthenticated", "memmesh-nonce is not 16 bytes in hex") from None
+            nonce = b""
+        if len(nonce) != 16:
+            raise EnvelopeError("sync.unauthenticated", "memmesh-nonce is not 16 bytes in hex")
         sig = _unb64(sig_text, 64, "memmesh-signature")
         if not verify(caller.raw, DOMAIN_SYNC_REQUEST, request_message(method, path, body, target_raw, t, nonce), sig):
             raise EnvelopeError("sync.unauthenticated", "the request signature does not verify")
@@ -138,8 +142,12 @@ class RequestVerifier:
         seen_key = (key, nonce)
         if seen_key in self._seen:
             raise EnvelopeError("sync.replay", "this request was already received (same nonce)")
-        if len(self._seen) >= self.max_nonces:
-            raise EnvelopeError("sync.busy", "too many requests in the replay window; retry later")
+        if t <= self._floor_ms:
+            raise EnvelopeError("sync.busy", "too many requests in the replay window; sign the request "
+                                             "again with the current time")
+        while len(self._seen) >= self.max_nonces:
+            _old, old_t = self._seen.popitem(last=False)
+            self._floor_ms = max(self._floor_ms, old_t)
         self._seen[seen_key] = t
         return Caller(key, nonce)
 

@@ -142,7 +142,11 @@ def sync_app_routes(app: web.Application, server: SyncServer, run: Runner, *, re
                 # The client went away mid-body: nobody reads the answer; the access log's line
                 # (status 400) is the only trace, no traceback.
                 return _error(400, "sync.aborted", f"the request body was cut off ({exc.__class__.__name__})")
-            headers = {k.lower(): v for k, v in request.headers.items() if k.lower().startswith("memmesh-")}
+            signed = [(k.lower(), v) for k, v in request.headers.items() if k.lower().startswith("memmesh-")]
+            headers = dict(signed)
+            if len(headers) != len(signed):  # which of two values was signed is not for us to guess
+                twice = sorted({k for k, _v in signed if sum(1 for k2, _ in signed if k2 == k) > 1})
+                return _error(401, "sync.unauthenticated", f"{', '.join(twice)[:80]} given more than once")
             if not decoded:
                 decoded.append(asyncio.Semaphore(MAX_DECODED))
             resp = await _drive(server.steps(request.method, request.path, headers, body), run, decoded[0])

@@ -148,6 +148,8 @@ def _walk(up: msgpack.Unpacker, body: bytes, shape: Any, what: str) -> Any:
                 name = _scalar(up, body, "a field name")
                 if name not in shape.shapes:
                     raise _bad(f"unknown field {str(name)[:40]!r}")
+                if name in out:  # one reading per field: the db checked first is the db served
+                    raise _bad(f"field {name!r} is given twice")
                 out[name] = _walk(up, body, shape.shapes[name], name)
             return out
         raise _bad(f"{what} must not be a map")
@@ -188,7 +190,7 @@ def unpack(body: bytes, shape: Any = FLAT) -> dict[str, Any]:
 def peek_db(body: bytes) -> str | None:
     """The ``db`` field of a request body, read without building any other field (skipped at
     C speed): lets the server check the caller may read that database before the body is
-    decoded. None when the body has no well-formed ``db`` (the full decode then says why)."""
+    decoded. None when the body has no well-formed ``db``: the request is refused undecoded."""
     try:
         if not body or body[0] not in _MAPS:
             return None

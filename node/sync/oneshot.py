@@ -15,7 +15,7 @@ from node import fence
 from node.sync import messages as m
 from node.sync import readers
 from node.sync.http import HttpTransport, call, run_exchange
-from node.sync.protocol import Client, Exchange, SyncError
+from node.sync.protocol import EXCHANGE_S, Client, Exchange, SyncError
 from node.worker import Runner
 
 if TYPE_CHECKING:
@@ -27,9 +27,10 @@ async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runn
                    repairing: bool = False) -> list[dict[str, Any]]:
     """One exchange per bank and peer. ``repairing`` (``memmesh check --repair``) asks every
     peer the book knows for the bank, readers or not in this node's copy of the settings: that
-    copy may be damaged and have lost the very grants that name them. Nothing is pushed to a
-    key that may not read the bank even then: the exchange asks before each push page, after
-    its pulls have brought the settings back."""
+    copy may be damaged and have lost the very grants that name them. Nothing of the bank
+    goes to a key that may not read it even then: the exchange asks before every request, and
+    a peer refused at that moment is pulled from blind (told no feeds, evidence or wanted
+    ids) and never pushed to nor told of peers, unless the pulls bring its grant back."""
     client = Client(node.peer_key)
     report: list[dict[str, Any]] = []
     async with aiohttp.ClientSession() as session:
@@ -57,7 +58,7 @@ async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runn
                                    "error": f"{readers.NO_GRANT}: {why}: nothing of it was sent", "pulled": 0,
                                    "pushed": 0})
                     continue
-                report.append(await _one(node, transport, client, db, key, addrs, run))
+                report.append(await _one(node, transport, client, db, key, addrs, run, repairing))
         await run(node.sync.save_peers)
     return report
 
@@ -69,12 +70,12 @@ def _readers_of(node: "Node", db_id: str) -> list["PeerRecord"]:
 
 
 async def _one(node: "Node", transport: HttpTransport, client: Client, db, key: str, addrs: list[str],
-               run: Runner) -> dict[str, Any]:
+               run: Runner, repairing: bool = False) -> dict[str, Any]:
     error = "no address known"
     seen = None  # the stats of the last attempt that got past the feeds step
     for address in addrs:
         exchange = Exchange(db, key, known_peers=[m.PeerInfo(str(node.peer_key.public), (node.sync.address() or "http:127.0.0.1:7411",))],
-                            refusal=lambda: readers.refusal(node, db, key))
+                            refusal=lambda: readers.refusal(node, db, key), blind=repairing, deadline_s=EXCHANGE_S)
         try:
             await run_exchange(transport, client, address, key, exchange, run)
         except SyncError as exc:

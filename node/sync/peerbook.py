@@ -171,7 +171,10 @@ class PeerBook:
                 book.evictable[key] = None
             return rec
         first_hand = how in FIRST_HAND
-        merged = _merge_addrs(addrs, old.addrs)
+        # What a peer says of itself (first hand) goes first; hearsay (peer exchange) only after
+        # the addresses known already, so a reader naming another peer with made-up addresses
+        # cannot push that peer's working ones out of its list.
+        merged = _merge_addrs(addrs, old.addrs) if first_hand else _merge_addrs(old.addrs, addrs)
         if merged == old.addrs and how in old.ways and not first_hand:
             return old  # a hint that tells nothing new: the common case in peer exchange
         fresh_addr = any(a not in old.addrs for a in addrs)

@@ -40,6 +40,11 @@ SLICE = "slice"
 # batch of parallel signature checks: 64 costs about 8 % of bulk ingest, 32 about 12 %.
 PUSH_SLICE_ENTRIES = 64
 SLICE_S = 0.1
+# The daemon's and `memmesh sync`'s exchanges ask no new page after this long (docs/protocol.md
+# 6.3): a round waits for its exchanges, so one peer answering "more" forever, or slowly, would
+# hold every bank's sync. An honest page takes well under a second on a LAN; what is left is
+# pulled or pushed by the next exchange, which the daemon starts at once.
+EXCHANGE_S = 60.0
 
 
 def _backoff_reply(blocked_ms: int) -> m.ErrorReply:
@@ -202,7 +207,10 @@ class SyncServer:
             return None
         db_id = m.peek_db(body)
         if db_id is None:
-            return None  # malformed: decoding says why
+            # Every other request names its database: without a readable ``db`` field (32
+            # bytes, among the first fields) it is refused before anything else is decoded,
+            # or a stranger could make the node decode whatever precedes a malformed one.
+            return 400, m.ErrorReply("sync.bad_message", "the body has no db field of 32 bytes")
         if self.node.readable(db_id, caller.key) is None:
             return 404, NOT_FOUND
         if op == "push":
@@ -352,6 +360,8 @@ class ExchangeStats:
     peer_feeds: dict[str, tuple[int, str]] | None = None
     peer_evidence: dict[str, list[str]] = field(default_factory=dict)
     our_feeds: dict[str, tuple[int, str]] = field(default_factory=dict)
+    cut: bool = False  # the exchange's deadline stopped it before it pulled or pushed all
+    withheld: str | None = None  # why a blind exchange sent the peer nothing of ours
 
 
 class Exchange:
@@ -363,11 +373,21 @@ class Exchange:
 
     def __init__(self, db: Database, peer: str, *, page_bytes: int = m.DEFAULT_PAGE_BYTES,
                  pull: bool = True, push: bool = True, known_peers: list[m.PeerInfo] | None = None,
-                 refusal: Callable[[], str | None] | None = None) -> None:
+                 refusal: Callable[[], str | None] | None = None, blind: bool = False,
+                 deadline_s: float | None = None) -> None:
         self.db = db
-        # Why nothing more may be sent to the peer (None: it may), asked before each push page:
-        # a revocation of the peer pulled during this very exchange stops the push.
+        # Why nothing of the bank may be sent to the peer (None: it may), asked before every
+        # request: a revocation of the peer pulled during this very exchange stops it. Our
+        # feeds, evidence and wanted ids are the bank's too (who wrote how much, which heads).
         self._refusal = refusal
+        # ``blind`` (a repair, whose own copy of the settings may have lost the peer's grant):
+        # a peer refused now is still pulled from, but told nothing of ours (no feeds, no
+        # evidence, no wanted ids, no peers), and never pushed to.
+        self._blind = blind
+        # After ``deadline_s`` no new pull or push page is asked (what is left waits for the
+        # next exchange): a peer that keeps answering "more" cannot hold a sync round forever.
+        self._deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        self._page_stored = 0  # entries of the page being taken in that entered the log
         self.peer = peer
         self.page_bytes = page_bytes
         self.stats = ExchangeStats()
@@ -382,6 +402,7 @@ class Exchange:
         self._sent: int = 0  # how many of _to_push the last push request carried
         self._page: Any = None  # the pulled page being taken in (``work``), and what is left of it
         self._inbox: list[Any] = []
+        self._blinded = False  # the last pull request told the peer nothing of ours
 
     @property
     def done(self) -> bool:
@@ -391,9 +412,27 @@ class Exchange:
         while self.work():  # a driver that does not slice takes the page in here, whole
             pass
         db = self.db
+        if self._stage in ("pull", "push") and self._deadline is not None and time.monotonic() >= self._deadline:
+            self.stats.cut = True
+            self._stage = "peers" if self._known_peers is not None else "done"
+        if self._stage == "done":
+            return None
+        why = self._refusal() if self._refusal is not None else None
+        hide = why is not None and self._blind and self._stage in ("feeds", "pull")
+        if why is not None and not hide:
+            if self._blind:  # what was pulled is kept; nothing of ours goes to the peer
+                self.stats.withheld = why
+                self._stage = "done"
+                return None
+            raise SyncError("sync.no_grant", f"{why}: nothing more is sent to this peer")
         if self._stage == "feeds":
+            if hide:
+                return m.FeedsRequest(db.id, {}, {})
             return m.FeedsRequest(db.id, db.feeds(), db.evidence())
         if self._stage == "pull":
+            self._blinded = hide
+            if hide:
+                return m.PullRequest(db.id, {}, {}, (), self._cursor, self.page_bytes)
             want: tuple[str, ...] = ()
             if self._first_pull or self._asked_again:
                 # Missing parents, and stored entries whose payload has not arrived (a relay
@@ -403,9 +442,6 @@ class Exchange:
                 want = tuple(ids[: m.MAX_WANT])
             return m.PullRequest(db.id, db.feeds(), db.evidence(), want, self._cursor, self.page_bytes)
         if self._stage == "push":
-            why = self._refusal() if self._refusal is not None else None
-            if why is not None:
-                raise SyncError("sync.no_grant", f"{why}: nothing more is sent to this peer")
             entries, n = db.page(self._to_push, self.page_bytes)
             self._sent = n
             self.stats.bytes_out += sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in entries)
@@ -463,6 +499,7 @@ class Exchange:
                 self._inbox, self._page = [], None
                 raise SyncError("sync.storage", f"could not store what {self.peer} sent: {exc}") from exc
             self.stats.pulled += len(result.accepted) + len(result.stored_rejected)
+            self._page_stored += len(result.accepted) + len(result.stored_rejected) + len(result.filled)
             self.stats.pulled_pending += len(result.pending)
             for _id, reason, _detail in result.rejected:
                 self.stats.pulled_refused[reason] = self.stats.pulled_refused.get(reason, 0) + 1
@@ -475,6 +512,12 @@ class Exchange:
     def _page_done(self, reply: Any) -> None:
         self._page = None
         progressed = reply.after is not None and reply.after != self._cursor
+        # A page asked with our feeds holds only what we lack: one that put nothing into the
+        # log (duplicates, refusals, orphans) ends the pull, whatever cursor and "more" it
+        # claims, or a peer could keep us pulling forever. (A blind pull gets what we hold too.)
+        if not self._blinded and not self._page_stored:
+            progressed = False
+        self._page_stored = 0
         self._cursor = reply.after
         if not reply.more or not progressed or not reply.entries:
             # Entries the peer stored below the cursor while we paged (a child above it

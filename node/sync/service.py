@@ -32,7 +32,7 @@ from node import fence
 from node.sync import messages as m
 from node.sync import readers, sharing
 from node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
-from node.sync.protocol import Client, Exchange, SyncError, SyncServer
+from node.sync.protocol import EXCHANGE_S, Client, Exchange, SyncError, SyncServer
 from node.sync.state import Lag, lag, now_ms
 
 if TYPE_CHECKING:
@@ -347,8 +347,9 @@ class SyncService:
         last_error: SyncError | None = None
         seen = None  # the stats of the last attempt that got past the feeds step
         for address in candidates:
-            # asked again before each page it pushes: a revocation pulled meanwhile stops it
-            exchange = Exchange(db, peer, known_peers=known, refusal=lambda: readers.refusal(self.node, db, peer))
+            # asked again before each request: a revocation pulled meanwhile stops it
+            exchange = Exchange(db, peer, known_peers=known, refusal=lambda: readers.refusal(self.node, db, peer),
+                                deadline_s=EXCHANGE_S)
             try:
                 await run_exchange(HttpTransport(self._session), self.client, address, peer, exchange, run)
             except SyncError as exc:
@@ -357,6 +358,8 @@ class SyncService:
                     seen = exchange.stats
                 continue
             await run(lambda: self._record_success(db, peer, address, exchange))
+            if exchange.stats.cut:  # its deadline stopped it: the rest goes in the next round, now
+                self._poke(db_id)
             return exchange
         error = last_error or SyncError("sync.no_address", f"no address known for {peer}")
         await run(lambda: self._record_failure(db_id, peer, error, seen))

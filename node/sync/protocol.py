@@ -40,6 +40,18 @@ SLICE = "slice"
 # batch of parallel signature checks: 64 costs about 8 % of bulk ingest, 32 about 12 %.
 PUSH_SLICE_ENTRIES = 64
 SLICE_S = 0.1
+MAX_CHUNK_ENTRIES = 2048
+
+
+def next_chunk(done: int, seconds: float, current: int) -> int:
+    """The next chunk's size: as many entries as the rate so far fits in half a slice, between
+    ``PUSH_SLICE_ENTRIES`` and ``MAX_CHUNK_ENTRIES``. Larger chunks amortise the transaction and
+    the parallel signature checks of each; cheap entries (honest memory rows) get large chunks,
+    costly ones stay small, and a chunk never runs much past the slice."""
+    if done <= 0 or seconds <= 0:
+        return min(MAX_CHUNK_ENTRIES, current * 2)
+    fits = int(done / seconds * SLICE_S / 2)
+    return max(PUSH_SLICE_ENTRIES, min(MAX_CHUNK_ENTRIES, fits))
 # The daemon's and `memmesh sync`'s exchanges ask no new page after this long (docs/protocol.md
 # 6.3): a round waits for its exchanges, so one peer answering "more" forever, or slowly, would
 # hold every bank's sync. An honest page takes well under a second on a LAN; what is left is
@@ -132,6 +144,14 @@ class PushBackoff:
             s.parked, s.parked_since_ms = 0, now_ms
         if len(self._peers) > 10_000:  # bounded: forget the oldest
             self._peers.pop(next(iter(self._peers)))
+
+    def room(self, peer: str, now_ms: int) -> int:
+        """How many more entries ``peer`` may park before it is backed off (at least 1): a push
+        is cut into chunks no larger, so it stops right where the bound is passed."""
+        s = self._peers.get(peer)
+        if s is None or now_ms - s.parked_since_ms > self.parked_window_ms:
+            return self.parked_threshold + 1
+        return max(1, self.parked_threshold + 1 - s.parked)
 
     def status(self, peer: str, now_ms: int) -> dict[str, Any]:
         s = self._peers.get(peer)
@@ -236,6 +256,7 @@ class SyncServer:
         refused: dict[str, int] = {}
         entries = request.entries
         i = 0
+        size = PUSH_SLICE_ENTRIES
         started = time.monotonic()
         while i < len(entries):
             if i and time.monotonic() - started >= SLICE_S:
@@ -244,9 +265,11 @@ class SyncServer:
                 db = self.node.readable(request.db, caller.key)
                 if db is None:
                     return 404, NOT_FOUND
-            chunk = entries[i:i + PUSH_SLICE_ENTRIES]
+            chunk = entries[i:i + min(size, self.backoff.room(caller.key, now))]
             i += len(chunk)
+            t0 = time.monotonic()
             result = db.ingest(chunk, source=source)
+            size = next_chunk(len(chunk), time.monotonic() - t0, size)
             here: dict[str, int] = {}
             for _id, reason, _detail in result.rejected:
                 here[reason] = here.get(reason, 0) + 1
@@ -402,6 +425,7 @@ class Exchange:
         self._sent: int = 0  # how many of _to_push the last push request carried
         self._page: Any = None  # the pulled page being taken in (``work``), and what is left of it
         self._inbox: list[Any] = []
+        self._chunk = PUSH_SLICE_ENTRIES  # entries per ingest call, sized to the rate (next_chunk)
         self._blinded = False  # the last pull request told the peer nothing of ours
 
     @property
@@ -490,9 +514,11 @@ class Exchange:
         again, as a new job, while it returns True. ``next_message`` finishes what is left."""
         started = time.monotonic()
         while self._inbox:
-            chunk, self._inbox = self._inbox[:PUSH_SLICE_ENTRIES], self._inbox[PUSH_SLICE_ENTRIES:]
+            chunk, self._inbox = self._inbox[:self._chunk], self._inbox[self._chunk:]
             try:
+                t0 = time.monotonic()
                 result = self.db.ingest(chunk, source=f"peer:{self.peer}")
+                self._chunk = next_chunk(len(chunk), time.monotonic() - t0, self._chunk)
             except StorageError as exc:
                 # The exchange fails like any sync failure (the link's status says why);
                 # what the page held that was not stored, the next exchange pulls again.

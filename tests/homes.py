@@ -5,8 +5,12 @@
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
+
+import aiohttp
 
 from node import Node
 from node.memory.embedders import EmbedderConfig
@@ -39,3 +43,29 @@ def remember(node: Node, **args: Any) -> Any:
 
 def recall(node: Node, **args: Any) -> Any:
     return node.call_tool("alpha", "recall", args)
+
+
+@contextlib.asynccontextmanager
+async def api_on(node: Node) -> AsyncIterator[tuple[Any, str, aiohttp.ClientSession]]:
+    """The local HTTP API of ``node`` as serve builds it (its registry, its database thread, the
+    home's token) on a real loopback port: (the aiohttp TestServer, the token, a client session).
+    Closes the node when done."""
+    from aiohttp.test_utils import TestServer
+
+    from node.api.app import build_app
+    from node.api.token import read_token
+    from node.serve import CommandRunner
+    from node.worker import DbThread
+
+    db = DbThread()
+    token = read_token(node.home)
+    app = build_app(CommandRunner(node, db, {"pid": os.getpid(), "listen": "127.0.0.1:0"}).run, token)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield server, token, session
+    finally:
+        await server.close()
+        db.stop()
+        node.close()

@@ -22,41 +22,12 @@ from node.listeners import RequestFramer
 from node.logthrottle import RepeatFilter
 from tests import procs
 from tests.procs import CLI, processes, until
+from tests.test_edge_connections import _closed, _connect, _port
 
 WAIT_S = 30.0
 # The head and body timers short, the keep-alive long: whatever cuts a connection in these tests
 # is a request timer, never aiohttp's idle timer.
 TIMERS = {"MEMMESH_HEAD_TIMEOUT_S": "2", "MEMMESH_BODY_TIMEOUT_S": "2", "MEMMESH_KEEPALIVE_S": "120"}
-
-
-def _port(server: procs.Serve, which: str) -> int:
-    return int(server.info[which].rsplit(":", 1)[1])
-
-
-def _connect(port: int, first: bytes = b"", source: str = "127.0.0.1") -> socket.socket:
-    s = socket.socket()
-    try:
-        s.bind((source, 0))
-        s.settimeout(5)
-        s.connect(("127.0.0.1", port))
-        if first:
-            s.sendall(first)
-        s.setblocking(False)
-    except BaseException:
-        s.close()
-        raise
-    return s
-
-
-def _closed(s: socket.socket) -> bool:
-    try:
-        while True:
-            if not s.recv(65536):
-                return True
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
 
 
 def _drip(s: socket.socket, data: bytes, sent: dict[int, int]) -> bool:
@@ -137,10 +108,10 @@ def test_every_request_is_timed_its_body_and_a_later_head_too(home, monkeypatch)
         }
         held = {}
         for what, (port, first, _) in dripped.items():
-            held[what] = stack.enter_context(contextlib.closing(_connect(port, first)))
+            held[what] = stack.enter_context(contextlib.closing(_connect(port, first=first)))
         # Expect: 100-continue, then never the body
         expect = f"POST /v1/memory/new HTTP/1.1\r\n{auth}Expect: 100-continue\r\nContent-Length: 10\r\n\r\n"
-        held["api expect"] = stack.enter_context(contextlib.closing(_connect(api, expect.encode())))
+        held["api expect"] = stack.enter_context(contextlib.closing(_connect(api, first=expect.encode())))
         sent: dict[int, int] = {}
         until(lambda: all([_drip(held[w], dripped[w][2], sent) if w in dripped else _closed(held[w]) for w in held]),
               WAIT_S, lambda: "closed: " + ", ".join(w for w in held if _closed(held[w])), interval=0.2)
@@ -244,7 +215,7 @@ def test_the_mcp_http_transport_cuts_stalled_connections_and_serve_stays_answera
         # More stalled heads than its 64 concurrent connections: all cut by the head timer
         # (before: held for good, and every later client answered 503).
         stalled = [stack.enter_context(contextlib.closing(
-            _connect(port, b"POST /mcp HTTP/1.1\r\nHo", f"127.0.0.{2 + i % 20}"))) for i in range(80)]
+            _connect(port, f"127.0.0.{2 + i % 20}", b"POST /mcp HTTP/1.1\r\nHo"))) for i in range(80)]
         assert s.run("status", {}).exit_code == 0  # serve and its control socket are another matter
         until(lambda: all([_closed(c) for c in stalled]), WAIT_S, "the stalled MCP connections to be cut")
         with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as c:

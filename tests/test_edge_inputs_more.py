@@ -33,13 +33,13 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from node import Node
-from node.api.app import build_app, host_allowed
+from node.api.app import host_allowed
 from node.api.token import read_token
 from node.commands import REGISTRY
 from node.commands.params import MAX_DEPTH, ParamsError, parse
 from node.commands.serving import parse_listen
-from node.serve import CommandRunner, DbThread
 from node.settings import MAX_YAML_DEPTH, ConfigFileError, parse_config
+from tests.homes import api_on
 from tests.procs import CLI, Serve
 
 SURROGATE = "\ud800"
@@ -77,17 +77,8 @@ async def api(tmp_path) -> AsyncIterator[Api]:
     node.run("embedder.set", {"provider": "none"})
     node.run("agent.new", {"name": "alpha"})
     node.run("memory.new", {"name": "notes"})
-    db = DbThread()
-    app = build_app(CommandRunner(node, db, {"pid": os.getpid(), "listen": "127.0.0.1:0"}).run, read_token(home))
-    server = TestServer(app, host="127.0.0.1", port=0)
-    await server.start_server()
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield Api(server, read_token(home), session)
-    finally:
-        await server.close()
-        db.stop()
-        node.close()
+    async with api_on(node) as (server, token, session):
+        yield Api(server, token, session)
 
 
 def request(api: Api, path: str, body: bytes, *, host: str | None = None, target: str | None = None,

@@ -28,9 +28,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from node import Node
-from node.api.app import MAX_JSON_DEPTH, build_app
+from node.api.app import MAX_JSON_DEPTH
 from node.api.token import TOKEN_FILE, read_token
-from node.serve import CommandRunner, DbThread
+from tests.homes import api_on
 from tests.procs import CLI, Serve, until
 
 NUL_BANK = "no\x00tes"
@@ -207,17 +207,8 @@ async def api(tmp_path) -> AsyncIterator[Api]:
     node.run("memory.new", {"name": "notes"})
     node.run("memory.grant", {"bank": "notes", "agent": "alpha", "perm": "write"})
     (home / "config.yaml").write_text("sync:\n  fanout: 2\n")
-    db = DbThread()
-    app = build_app(CommandRunner(node, db, {"pid": os.getpid(), "listen": "127.0.0.1:0"}).run, read_token(home))
-    server = TestServer(app, host="127.0.0.1", port=0)
-    await server.start_server()
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield Api(server, read_token(home), session)
-    finally:
-        await server.close()
-        db.stop()
-        node.close()
+    async with api_on(node) as (server, token, session):
+        yield Api(server, token, session)
 
 
 PUBLIC_AND_PRIVATE = [("GET", "/"), ("GET", "/ui/app.js"), ("GET", "/v1/openapi.json"), ("GET", "/v1/health"),

@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -241,21 +240,22 @@ def test_openai_wrong_dim(srv):
 
 
 def test_openai_hanging_server_times_out(srv):
+    # The server took the request and never answers (it gives up with a 503 after 120 s): the
+    # error is the client's own deadline, not the server's eventual answer.
     emb = openai(srv, "hang", timeout_s=1.0)
-    t0 = time.monotonic()
-    with pytest.raises(EmbedderError, match="within 1 s"):
+    with pytest.raises(EmbedderError, match="no complete reply from .* within 1 s") as ei:
         emb.embed(TEXTS)
-    elapsed = time.monotonic() - t0
-    assert 0.9 <= elapsed < 1.0 + 2.0
+    assert "503" not in str(ei.value)
+    assert [r.mode for r in srv.requests] == ["hang"]  # connected and sent: the wait for the reply timed out
 
 
 def test_openai_trickling_server_hits_total_deadline(srv):
-    # headers arrive at once, then one byte every 0.5 s: each read is quick, the whole is not
+    # headers arrive at once, then one byte every 0.5 s: each read is quick, the whole is not.
+    # A deadline per read would never fire (the server trickles for 120 s, then the short body
+    # is an incomplete read: "cannot reach"); the deadline for the whole request does.
     emb = openai(srv, "trickle", timeout_s=1.5)
-    t0 = time.monotonic()
-    with pytest.raises(EmbedderError):
+    with pytest.raises(EmbedderError, match="no complete reply from .* within 1.5 s"):
         emb.embed(TEXTS)
-    assert time.monotonic() - t0 < 1.5 + 2.0
 
 
 def test_openai_connection_refused():
@@ -299,10 +299,9 @@ def test_ollama_errors(srv, mode, match):
 
 def test_ollama_hang_times_out(srv):
     emb = ollama(srv, "hang", timeout_s=1.0)
-    t0 = time.monotonic()
-    with pytest.raises(EmbedderError):
+    with pytest.raises(EmbedderError, match="no complete reply from .* within 1 s") as ei:
         emb.embed(["x"])
-    assert time.monotonic() - t0 < 1.0 + 2.0
+    assert "503" not in str(ei.value) and [r.mode for r in srv.requests] == ["hang"]
 
 
 # ------------------------------------------------------------------------------------- local ONNX

@@ -37,6 +37,8 @@ from node.events import EVENT_TYPES, DatabaseWatch, EventBus, UnknownEventType
 from node.serve import CommandRunner
 from node.worker import DbThread
 
+HANG_GUARD_S = 60.0  # only so that a hang fails: nothing in this file is timed
+
 
 # ============================================================================ 1. the bus
 def test_ids_strictly_increase_and_a_read_resumes_after_its_cursor():
@@ -107,10 +109,10 @@ async def test_a_subscriber_is_woken_on_its_loop_by_a_publish_from_another_threa
     with bus.subscribe() as sub:
         sub.clear()
         assert await sub.wait(0.05) is False  # nothing published: a timeout
-        t0 = time.monotonic()
-        threading.Thread(target=bus.publish, args=("peer.connected", {"peer": "k", "db": "d"})).start()
-        assert await sub.wait(5) is True
-        assert time.monotonic() - t0 < 1
+        publisher = threading.Thread(target=bus.publish, args=("peer.connected", {"peer": "k", "db": "d"}))
+        publisher.start()
+        assert await sub.wait(HANG_GUARD_S) is True  # woken by the publish (False only after the guard)
+        publisher.join(HANG_GUARD_S)
         assert [e.type for e in bus.read(0).events] == ["peer.connected"]
         bus.close()
         sub.clear()
@@ -455,21 +457,26 @@ def test_a_forged_entry_pushed_by_a_peer_is_on_the_stream_within_a_second_and_in
                                        timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as resp:
                     sse = Sse(resp)
                     assert (await sse.next())["event"] == "hello"
-                    t0 = time.monotonic()
                     push = m.PushRequest(db_id, [(forged.header, dict(forged.payloads))])
-                    _key, reply = await call(HttpTransport(session, timeout=10), Client(reader), s.address,
-                                             s.node_key, push)
-                    refused = await sse.next(timeout=1.0)  # "within one second"
-                    took = time.monotonic() - t0
+                    _key, reply = await call(HttpTransport(session, timeout=HANG_GUARD_S), Client(reader),
+                                             s.address, s.node_key, push)
+                    # "at once": the event is on the bus before the push is answered (published as
+                    # the entry is refused, not by a later pass: serve's interval is 60 s here),
+                    # so a stream opened now already counts it in its hello's last_id.
+                    async with session.get(f"{base}/v1/events?types=entry.refused", headers=auth,
+                                           timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as after:
+                        after_hello = await Sse(after).next(timeout=HANG_GUARD_S)
+                    refused = await sse.next(timeout=HANG_GUARD_S)
                 async with session.get(f"{base}/metrics", headers=auth) as resp:
                     assert resp.status == 200
                     text = await resp.text()
             assert sum(reply.refused.values()) == 1, reply
-            return refused, took, text, health
+            return refused, after_hello, text, health
 
-        refused, took, text, health = asyncio.run(scenario())
+        refused, after_hello, text, health = asyncio.run(scenario())
         assert health == (200, s.node_key)
-        assert refused["event"] == "entry.refused" and took < 1.0
+        assert refused["event"] == "entry.refused"
+        assert after_hello["event"] == "hello" and after_hello["data"]["last_id"] >= refused["id"], after_hello
         data = refused["data"]
         assert (data["entry"], data["author"], data["source"], data["db"]) == \
             (forged.id, str(stranger.public), str(reader.public), db_id)
@@ -480,7 +487,7 @@ def test_a_forged_entry_pushed_by_a_peer_is_on_the_stream_within_a_second_and_in
         explained = s.run("explain", {"entry_id": forged.id}).text
         assert data["reason"] in explained
         assert s.stop() == 0
-    print(f"\nforged entry on the event stream after {took * 1000:.0f} ms: {data['reason']}")
+    print(f"\nforged entry on the event stream (event {refused['id']}): {data['reason']}")
 
 
 
@@ -546,16 +553,19 @@ def test_peer_and_lag_events_follow_a_real_link_between_two_serves(tmp_path):
         [peer] = [p for p in status if p["peer"] == a.node_key]
         assert (peer["peer_lacks"], peer["we_lack"]) == (last_lag["peer_lacks"], last_lag["we_lack"])
 
-        async def stop_while_streaming() -> tuple[float, int]:
+        async def stop_while_streaming() -> int:
             async with aiohttp.ClientSession() as session:
                 async with session.get(f"{base}/v1/events", headers={"Authorization": f"Bearer {token}"}) as resp:
                     sse = Sse(resp)
                     await sse.next()
-                    t0 = time.monotonic()
                     code = await asyncio.to_thread(b.stop)
-                    with pytest.raises((EOFError, aiohttp.ClientPayloadError)):
-                        await sse.next(timeout=5)
-                    return time.monotonic() - t0, code
+                    # An open stream does not hold serve's drain: serve ends it itself (bus.close),
+                    # so the stream ends cleanly (EOF after the last chunk). Held until the drain
+                    # gave up (DRAIN_S), its handler would be cancelled and the connection cut
+                    # mid-stream: aiohttp.ClientPayloadError, which fails this test.
+                    with pytest.raises(EOFError):
+                        await sse.next(timeout=HANG_GUARD_S)
+                    return code
 
-        took, code = asyncio.run(stop_while_streaming())
-        assert code == 0 and took < 5, took  # an open stream does not hold serve's drain (10 s)
+        assert asyncio.run(stop_while_streaming()) == 0
+        assert "info stop " in b.log(), b.log()[-2000:]  # it went all the way through its shutdown

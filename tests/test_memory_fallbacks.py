@@ -1,8 +1,6 @@
 """Every fallback of DESIGN section 7, through the node, against a real local embeddings server."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from node import Node
@@ -86,16 +84,20 @@ def test_embedder_failing_on_read_falls_back_to_bm25_and_warns(node, server):
 
 
 def test_hanging_embedder_is_bounded(node, server):
+    # The server takes each request and never answers (it gives up with a 503 after 120 s): the
+    # node's own 1 s deadline is what ends the wait, on read and on write, and each falls back.
     use(node, server, "ok")
     remember(node, "deploy", "nix build")
     use(node, server, "hang", timeout_s=1.0)
-    t = time.monotonic()
     out = recall(node, "deploy")
-    assert time.monotonic() - t < 4.0
-    assert [m["value"] for m in out["memories"]] == ["nix build"] and out["warnings"]
-    t = time.monotonic()
+    assert [m["value"] for m in out["memories"]] == ["nix build"]
+    [warning] = out["warnings"]
+    assert "no complete reply from" in warning and "within 1 s" in warning and "BM25 only" in warning, warning
     r = remember(node, "more", "text")
-    assert time.monotonic() - t < 4.0 and r["embedded"] is False
+    assert r["ok"] and r["embedded"] is False
+    [warning] = r["warnings"]
+    assert "no complete reply from" in warning and "within 1 s" in warning and "stored without a vector" in warning
+    assert [q.mode for q in server.requests] == ["ok", "hang", "hang"]  # each asked once, nothing retried
 
 
 def test_empty_query_and_nothing_matched(node, server):

@@ -1,9 +1,10 @@
 """Sync between real `memmesh serve` processes, on 127.0.0.1 only.
 
 1. A revoked key's own writes: two serves share a bank, writes and the revocation travel
-   through the daemons within seconds (measured), then entries signed with the revoked key
-   are refused on both nodes, whoever relays them. (The walkthrough across two serves, every
-   step a `memmesh` process, is `make demo`: tests/test_demo.py.)
+   through the daemons (latencies printed, not asserted: bench/sync.py measures them), then
+   entries signed with the revoked key are refused on both nodes, whoever relays them. (The
+   walkthrough across two serves, every step a `memmesh` process, is `make demo`:
+   tests/test_demo.py.)
 2. Convergence under faults: five nodes, concurrent writers, SIGKILL and restarts, links cut
    (a proxy in front of each node), a writer revoked during a partition; after healing every
    node holds the same entries, verdicts and recall results. Seeded (MEMMESH_FAULT_SEED).
@@ -48,7 +49,8 @@ from tests.test_cli import mm
 pytestmark = pytest.mark.slow
 
 BANK = "project-notes"
-REACH_S = 10.0  # "within seconds": what one node commits is visible on the other within this
+REACH_S = 60.0  # a hang guard for what one node commits to show on the other (usually seconds:
+# the latencies are printed; how fast is bench/sync.py's business, not an assert here)
 
 
 def _init(home: Path) -> None:
@@ -205,7 +207,6 @@ def test_a_revoked_keys_own_writes_are_refused_on_both_serves(tmp_path):
           f"\nbeta's entries on A: {on_a}\nbeta's entries on B: {on_b}")
     for where in (on_a, on_b):
         assert all(o != "accepted" and o != "unknown" for o in where.values()), where
-    assert all(v < REACH_S for v in latencies.values()), latencies
 
 
 # ============================================================================ 2. convergence under faults
@@ -717,9 +718,11 @@ def test_adversarial_requests_against_a_serve_process(tmp_path):
 
         assert forged(db_id) == forged(random_db) and forged(db_id)[0] == 401
 
-        # A 100 MB body is refused from its Content-Length, before one byte of it is sent.
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            t0 = time.monotonic()
+        # A 100 MB body is refused from its Content-Length, before one byte of it is sent: the
+        # 413 arrives while the connection has sent only the head (waiting for the body, serve
+        # would answer nothing until its read timeout, and then 408). The socket timeout is a
+        # hang guard only.
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
             sock.sendall(b"POST /sync/v1/push HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/msgpack\r\n"
                          b"Content-Length: 104857600\r\n\r\n")
             raw = b""
@@ -728,9 +731,7 @@ def test_adversarial_requests_against_a_serve_process(tmp_path):
                 if not chunk:
                     break
                 raw += chunk
-            took = time.monotonic() - t0
         assert raw.startswith(b"HTTP/1.1 413"), raw[:200]
-        assert took < 5, took
 
         # The same signed bytes twice: answered once, refused as a replay the second time.
         once = Client(reader).request(node_key, m.FeedsRequest(db_id, {}))

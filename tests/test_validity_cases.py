@@ -6,10 +6,10 @@ several causal orders, which must agree.
 from __future__ import annotations
 
 import random
-import time
 
 from auth.ops import GrantOp, RevokeOp
 from auth.permissions import Admin, Write
+from crdt import validity
 from crdt.validity import (
     DagBuilder,
     Evaluator,
@@ -307,20 +307,41 @@ def test_late_revocation_changes_applied_verdicts():
     assert ev.settings().get(W).status == "revoked"
 
 
-def test_data_entries_never_rerun_the_full_evaluation():
+def test_data_entries_never_rerun_the_full_evaluation(monkeypatch):
+    """~20k data entries cost linear work: each is judged once, by itself, with the same number
+    of steps whether it is the first or the 20,000th (work counted, not timed)."""
     d, root = start(GrantOp(W, "write", 5), GrantOp(A, "admin", 1))
     ev = Evaluator()
     ev.add(root)
     before = ev.full_evaluations
-    t0 = time.perf_counter()
+    steps = {"judged": 0, "work": 0}
+
+    def counting(name: str, fn):
+        def wrapper(*args, **kwargs):
+            steps[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    # What judging a data entry does: one _judge_data, whose inner work is in_past over the
+    # operations on its author, and a key state and verdict per round.
+    monkeypatch.setattr(validity, "_judge_data", counting("judged", validity._judge_data))
+    for inner in ("in_past", "concurrent", "_full_state", "_key_state", "_data_verdict"):
+        monkeypatch.setattr(validity, inner, counting("work", getattr(validity, inner)))
+    per_add: list[tuple[int, int]] = []
     prev = root
     for i in range(20_000):
         prev = d.add(W if i % 2 else A, sees=[prev])
+        judged, work = steps["judged"], steps["work"]
         ev.add(prev)
-    elapsed = time.perf_counter() - t0
+        per_add.append((steps["judged"] - judged, steps["work"] - work))
     assert ev.full_evaluations == before
     assert ev.verdict(prev.id).accepted
-    assert elapsed < 10, elapsed  # ~20k data entries: linear, not quadratic
+    assert all(judged == 1 for judged, _ in per_add)  # the new entry alone, never the earlier ones
+    # linear, not quadratic: no entry costs more steps than the first ones did, so the
+    # 20,000th costs what the 100th did (the number of entries before it does not count)
+    work = [w for _, w in per_add]
+    assert max(work) == max(work[:100]) and work[-100:] == work[100:200]
+    assert all(w > 0 for _, w in per_add)  # the counters do see the work
     # a settings entry does re-run it
     ev.add(d.add(R, [GrantOp(X, "read")]))
     assert ev.full_evaluations == before + 1

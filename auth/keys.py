@@ -10,12 +10,12 @@ another.
 """
 from __future__ import annotations
 
-import base64
 import binascii
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
 
+from auth.b64url import b64url_decode, b64url_encode
 from auth.errors import KeyFormatError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -50,14 +50,9 @@ def _signed_message(domain: bytes, message: bytes) -> bytes:
     return _PREFIX + domain + b"\x00" + message
 
 
-def _b64url(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
 def _unb64url(text: str) -> bytes:
-    pad = "=" * (-len(text) % 4)
     try:
-        return base64.urlsafe_b64decode((text + pad).encode("ascii"))
+        return b64url_decode(text)
     except (binascii.Error, UnicodeEncodeError) as exc:
         raise KeyFormatError(f"not base64url: {text!r}") from exc
 
@@ -87,7 +82,7 @@ class PublicKey:
         return key
 
     def __str__(self) -> str:
-        return KEY_PREFIX + _b64url(self.raw)
+        return KEY_PREFIX + b64url_encode(self.raw)
 
     def verify(self, domain: bytes, message: bytes, signature: bytes) -> bool:
         """True iff ``signature`` is this key's signature of ``message`` in ``domain``."""
@@ -155,7 +150,7 @@ class SigningKey:
 
 
 def public_key_str(raw: bytes) -> str:
-    return KEY_PREFIX + _b64url(raw)
+    return KEY_PREFIX + b64url_encode(raw)
 
 
 # The private-key file format: one line, "ed25519-private:<base64url seed>". Parsing lives
@@ -164,7 +159,7 @@ PRIVATE_PREFIX = "ed25519-private:"
 
 
 def encode_private(key: SigningKey) -> bytes:
-    return (PRIVATE_PREFIX + _b64url(key.seed()) + "\n").encode("ascii")
+    return (PRIVATE_PREFIX + b64url_encode(key.seed()) + "\n").encode("ascii")
 
 
 def decode_private(data: bytes) -> SigningKey:

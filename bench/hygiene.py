@@ -46,7 +46,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import machine, need  # noqa: E402
-from node.memory.hygiene import RULES, _detect_unanchored, detect, normalise
+from node.memory.hygiene import RULES, detect, normalise  # noqa: E402
+from tests.oracles import detect_unanchored  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 WHEELS = {
@@ -202,7 +203,7 @@ def main() -> None:
     # The anchor scan inside detect must never change an answer: check it on every string.
     everything = [t for _, t in pairs] + chat
     result["anchor_disagreements"] = sum(
-        detect(t) != _detect_unanchored(normalise(t)) for t in everything)
+        detect(t) != detect_unanchored(normalise(t)) for t in everything)
 
     t0 = time.perf_counter_ns()
     chat_hits = [detect(m) for m in chat]

@@ -2,7 +2,7 @@
 
     python bench/sim.py [--quick] [--json PATH] [--seed N] [--peers N ...] [--share K]
 
-Runs the seeded simulator (node/sync/sim.py) at 10, 100 and 1,000 peers (``--quick``: 10 and
+Runs the seeded simulator (tests/sim.py) at 10, 100 and 1,000 peers (``--quick``: 10 and
 100): real databases, keys, SyncServer and Client per peer; a lossy network (5 % of requests
 and of replies lost, 5 % of requests duplicated), interleaved exchanges, a partition into 2-3
 groups for rounds 1-4, 5 writers writing during rounds 0-2, fan-out 3. Each peer first knows
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.sync.sim import SimConfig, simulate  # noqa: E402
+from tests.sim import SimConfig, simulate  # noqa: E402
 from _common import machine  # noqa: E402
 
 

@@ -43,6 +43,7 @@ import pycrdt
 from auth.keys import SigningKey
 from auth.ops import GrantOp, RevokeOp
 from auth.permissions import Permission, holds
+from crdt.clock import now_ms
 from crdt.entry import Entry, decode_entry, id_of, sign_entry
 from crdt.erasure import ERASE, UNERASABLE, EraseOp
 from crdt.errors import AuthError, DamagedError, MemmeshError, RejectedError, StorageError
@@ -58,7 +59,7 @@ from crdt.ingest import Ingestion
 from crdt.records import (  # noqa: F401  (re-exported: the database's public records)
     MAX_UNACCEPTED_BYTES, MAX_UNACCEPTED_ENTRIES, META, SETTINGS, STORE_NAME_CHARS, IngestResult, Outcome, Rebuilt,
     Refused,
-    RowRecord, RowsAdded, _client, _gc_paused, _now_ms, _op_value, _perm_text, _Stored, _with_payloads, check_payload_shape,
+    RowRecord, RowsAdded, _client, _gc_paused, _op_value, _perm_text, _Stored, _with_payloads, check_payload_shape,
     valid_store_name,
 )
 
@@ -96,7 +97,7 @@ class Database(Ingestion, DerivedState):
         self._listeners: list[Callable[[RowsAdded | Rebuilt], None]] = []
         self._stored_listeners: list[Callable[[tuple[str, ...]], None]] = []
         self._outcome_listeners: list[Callable[[Outcome], None]] = []
-        self._clock = clock or _now_ms  # the informational ts of local entries, the pending TTL
+        self._clock = clock or now_ms  # the informational ts of local entries, the pending TTL
         self._refusals = RefusalLog(storage, db_id)
         self._pending = PendingArea(storage, db_id, pending_limits, self._clock)
         self._reset()
@@ -128,7 +129,7 @@ class Database(Ingestion, DerivedState):
             SETTINGS: (encode_rows(client, 0, SETTINGS, settings_rows), 0, len(settings_rows)),
             META: (encode_rows(client, 0, META, meta_rows), 0, 1),
         }
-        root = sign_entry(key, db=None, seq=0, prev=None, parents=[], ts=(clock or _now_ms)(),
+        root = sign_entry(key, db=None, seq=0, prev=None, parents=[], ts=(clock or now_ms)(),
                           payloads=payloads, nonce=nonce if nonce is not None else os.urandom(16))
         storage.add_database(root.id)
         db = cls(storage, root.id, clock=clock)

@@ -17,10 +17,10 @@ are read back when the entry can proceed.
 from __future__ import annotations
 
 import heapq
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from crdt.clock import now_ms
 from crdt.errors import StorageError
 from crdt.storage import PendingRecord, Storage, StoredEntry
 
@@ -38,10 +38,6 @@ class PendingLimits:
     total_entries: int = 8192
     total_bytes: int = 64 * MiB
     ttl_ms: int = 30 * 60 * 1000
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class _Tally:
@@ -114,7 +110,7 @@ class _Ranking:
 
 class PendingArea:
     def __init__(self, storage: Storage, db_id: str, limits: PendingLimits | None = None,
-                 clock: Callable[[], int] = _now_ms) -> None:
+                 clock: Callable[[], int] = now_ms) -> None:
         self._storage = storage
         self._db = db_id
         self.limits = limits or PendingLimits()
@@ -204,9 +200,6 @@ class PendingArea:
     def waiting_on(self, entry_id: str) -> set[str]:
         """Pending entries that name ``entry_id`` as a missing parent."""
         return set(self._waiting.get(entry_id, ()))
-
-    def is_wanted(self, entry_id: str) -> bool:
-        return entry_id in self._waiting
 
     def missing_parents(self) -> set[str]:
         """Ids some pending entry waits for (what sync should fetch)."""

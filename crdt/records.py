@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -146,10 +145,6 @@ def _gc_paused() -> Iterator[None]:
 
 def valid_store_name(name: str) -> bool:
     return bool(name) and len(name) <= 128 and set(name) <= STORE_NAME_CHARS
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

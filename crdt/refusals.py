@@ -9,13 +9,13 @@ in one record. Writes happen once per ingested batch, in one transaction.
 """
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Mapping
 
 import msgpack
 
+from crdt import clock
 from crdt.storage import Storage
 
 DEFAULT_CAPACITY = 1024
@@ -68,7 +68,7 @@ class RefusalLog:
         if not items:
             return
         self._load()
-        at = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        at = clock.now_ms() if now_ms is None else now_ms
         writes: dict[str, bytes] = {}  # a flood wraps the ring: write each slot once
         counts_for = self._counts.get(source)
         if counts_for is None:

@@ -31,7 +31,6 @@ against those in O(rounds x operations on its author).
 """
 from __future__ import annotations
 
-import hashlib
 from bisect import insort
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -426,7 +425,16 @@ def evaluate(events: Iterable[Event]) -> dict[str, Verdict]:
 
 # ------------------------------------------------------------------------------ incremental
 
-_KeyRound = tuple[tuple[_Ref, ...], tuple[_Removal, ...]]
+class _RoundOps(tuple):
+    """One round's accepted operations on one key (a tuple of ``_Ref``), carrying its own memo of
+    their full key state. The memo lives on the object, not in a module-level cache keyed by
+    ``id()``: it goes away with the timeline that holds it, and no other object can ever be
+    mistaken for it (tuples take no weak references, hence an attribute, not a WeakKeyDictionary)."""
+
+    _full: KeyState | None
+
+
+_KeyRound = tuple[_RoundOps, tuple[_Removal, ...]]
 
 
 def _signature(timeline: Sequence[_KeyRound] | None) -> tuple:
@@ -447,7 +455,7 @@ def _timelines(rounds: Sequence[_Round]) -> dict[str, list[_KeyRound]]:
         tl: list[_KeyRound] = []
         sig = None
         for rd in rounds:
-            state = (tuple(rd.ops.get(key, ())), tuple(rd.removals.get(key, ())))
+            state = (_RoundOps(rd.ops.get(key, ())), tuple(rd.removals.get(key, ())))
             s = _signature([state])
             if s != sig:
                 tl.append(state)
@@ -456,19 +464,13 @@ def _timelines(rounds: Sequence[_Round]) -> dict[str, list[_KeyRound]]:
     return out
 
 
-_FULL_STATES: dict[int, tuple[tuple[_Ref, ...], KeyState | None]] = {}
-
-
-def _full_state(ops: tuple[_Ref, ...]) -> KeyState | None:
-    """_key_state(ops), memoised by the identity of the round's (immutable) ops tuple."""
-    hit = _FULL_STATES.get(id(ops))
-    if hit is not None and hit[0] is ops:  # the cache holds ops, so its id is not reused
-        return hit[1]
-    if len(_FULL_STATES) >= 4096:
-        _FULL_STATES.clear()
-    state = _key_state(ops)
-    _FULL_STATES[id(ops)] = (ops, state)
-    return state
+def _full_state(ops: _RoundOps) -> KeyState | None:
+    """_key_state(ops), computed once per round's ops and kept on them."""
+    try:
+        return ops._full
+    except AttributeError:
+        ops._full = _key_state(ops)
+        return ops._full
 
 
 def _judge_data(x: Event, timeline: Sequence[_KeyRound] | None) -> tuple[Verdict, KeyState | None]:
@@ -734,59 +736,9 @@ class Evaluator:
         return f"entry {ev.id} signed by {ev.author} {change}"
 
 
-# ------------------------------------------------------------------------------ building
-
-
-class DagBuilder:
-    """Builds causally consistent abstract events (tests and simulations, no crypto).
-
-    Each author writes a linear feed; ``sees`` merges other events' causal pasts into what the
-    author knows before it writes, so concurrency is whatever the caller makes of it.
-    """
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self._feeds: dict[str, list[Event]] = {}
-        self._known: dict[str, dict[str, int]] = {}
-
-    def root(self, author: str, ops: Iterable[Op] = (), id: str | None = None) -> Event:
-        """The root: Admin(0) to ``author``, then ``ops``."""
-        first = GrantOp(author, ADMIN, 0)
-        return self._make(author, (first, *ops), {}, True, id)
-
-    def add(self, author: str, ops: Iterable[Op] = (), sees: Iterable[Event] = (),
-            id: str | None = None) -> Event:
-        """A new event by ``author`` after everything it knows plus the pasts of ``sees``."""
-        vv = merge_vv(self._known.get(author, {}), *(s.vv for s in sees))
-        return self._make(author, tuple(ops), vv, False, id)
-
-    def learn(self, author: str, *sees: Event) -> None:
-        """``author`` syncs: it now knows the causal pasts of ``sees``."""
-        self._known[author] = merge_vv(self._known.get(author, {}), *(s.vv for s in sees))
-
-    def knows(self, author: str) -> dict[str, int]:
-        return dict(self._known.get(author, {}))
-
-    def _make(self, author: str, ops: tuple[Op, ...], vv: dict[str, int], is_root: bool,
-              id: str | None) -> Event:
-        feed = self._feeds.setdefault(author, [])
-        seq = len(feed)
-        heights = [self._feeds[a][s].height for a, s in vv.items()]
-        vv[author] = seq
-        height = 1 + max(heights) if heights else 0
-        if id is None:
-            body = repr((author, seq, sorted(vv.items()), [op.to_value() for op in ops], is_root))
-            id = "sha256:" + hashlib.sha256(body.encode()).hexdigest()
-        ev = Event(id, author, seq, height, vv, ops, is_root)
-        feed.append(ev)
-        self.events.append(ev)
-        self._known[author] = dict(vv)
-        return ev
-
-
 __all__ = [
     "OK", "UNKNOWN_KEY", "REVOKED_KEY", "NOT_ADMIN", "NOT_WRITER", "TARGET_STRONGER",
     "GRANT_EXCEEDS", "VOIDED", "BAD_ROOT", "Event", "Verdict", "AuthSettings", "KeyState",
-    "Evaluator", "DagBuilder", "evaluate", "settings_at", "current_settings", "in_past",
+    "Evaluator", "evaluate", "settings_at", "current_settings", "in_past",
     "concurrent", "past_vv", "merge_vv", "t_key", "root_problem",
 ]

@@ -22,11 +22,11 @@ import asyncio
 import itertools
 import secrets
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from crdt.clock import now_ms
 from crdt.database import SETTINGS, Database
 from crdt.records import Outcome
 
@@ -90,7 +90,7 @@ class EventBus:
             raise UnknownEventType(f"unknown event type {type_!r} (known: {', '.join(EVENT_TYPES)})")
         with self._lock:
             self._last += 1
-            self._ring.append(Event(self._last, type_, data, time.time_ns() // 1_000_000))
+            self._ring.append(Event(self._last, type_, data, now_ms()))
             # One wake-up per burst: a sync page of 500 entries is one call on the loop, not 500.
             schedule = not self._wake_scheduled and self._loop is not None and bool(self._waiters)
             self._wake_scheduled = self._wake_scheduled or schedule

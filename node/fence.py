@@ -76,10 +76,6 @@ class Fence:
         return asdict(self)
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def utc(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 

@@ -67,10 +67,6 @@ class Registry:
     def __init__(self, storage: Storage) -> None:
         self._s = storage
 
-    def _get(self, ns: str, key: str) -> dict[str, Any] | None:
-        raw = self._s.get_local(ns, key)
-        return None if raw is None else self._decode(ns, key, raw)
-
     def _decode(self, ns: str, key: str, raw: bytes, record: Any = None) -> Any:
         """A stored record; damaged bytes (JSON that no longer parses) are one line naming the
         storage file, never a traceback."""

@@ -6,13 +6,19 @@ import os
 os.environ.setdefault("MEMMESH_AUTO_RECALL_DEADLINE_MS", "10000")
 
 from pathlib import Path  # noqa: E402 (the environment above is set before any node import)
+from typing import TYPE_CHECKING, Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 
+if TYPE_CHECKING:
+    from node.library import Node
 
+
+# A test file's own ``home`` or ``node`` fixture overrides these; one that only adds to them takes
+# the suite's as its argument (``def node(node): node.agents.create_agent("beta"); return node``).
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    """An initialised home with no embedder (a test file's own ``home`` fixture overrides it)."""
+    """An initialised home in ``tmp_path / "node"`` with no embedder."""
     from node.library import Node
 
     h = tmp_path / "node"
@@ -20,3 +26,12 @@ def home(tmp_path: Path) -> Path:
     with node:
         node.run("embedder.set", {"provider": "none"})
     return h
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator["Node"]:
+    """An open node in ``tmp_path / "home"`` with no embedder and one agent, alpha (tests/homes.py's
+    ``alpha_node``), closed afterwards."""
+    from tests.homes import alpha_node
+
+    yield from alpha_node(tmp_path / "home")

@@ -93,6 +93,6 @@ def next_clock(db: Database, who: SigningKey, store: str) -> int:
 def state(db: Database) -> dict[str, Any]:
     """Everything observable: accepted set, store documents, shown rows, settings (the same
     fingerprint the simulator compares)."""
-    from node.sync.sim import db_state
+    from tests.sim import db_state
 
     return db_state(db)

@@ -102,10 +102,9 @@ def _openapi(doc: str) -> OpenAPI:
 
 
 @pytest.fixture
-async def api(tmp_path):
-    home = tmp_path / "node"
-    node, _ = Node.init(home)
-    node.run("embedder.set", {"provider": "none"})
+async def api(home):
+    """The API of conftest's home (no embedder) with agents alpha and beta, bank notes alpha writes."""
+    node = Node.open(home)
     for name in ("alpha", "beta"):
         node.run("agent.new", {"name": name})
     node.run("memory.new", {"name": "notes", "description": "team notes"})

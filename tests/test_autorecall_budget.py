@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from auth.errors import MemmeshError
-from node import Node, commands
-from node.memory.embedders import EmbedderConfig
+from node import commands
 from node.memory.framing import HEADING, budget_chars, closing_line, fit, memory_line, missing_line
 
 CLOSING = re.compile(r"^\.\.\. (\d+) more memor(?:y|ies) not shown; use recall$")
@@ -71,16 +70,13 @@ def test_the_longest_prefix_that_fits_is_shown():
 
 # ---------------------------------------------------------------------- through the node
 @pytest.fixture
-def node(tmp_path):
-    n = Node.open(tmp_path / "home")
-    n.set_embedder_config(EmbedderConfig("none"))
-    n.agents.create_agent("alpha")
-    commands.memory_config(n, "alpha", "set", "max_entries", "20")
+def node(node):
+    """conftest's node (alpha, no embedder) with 20 deploy steps alpha's auto-recall may all show."""
+    commands.memory_config(node, "alpha", "set", "max_entries", "20")
     for i in range(20):
-        n.call_tool("alpha", "remember", {"key": f"deploy step {i}",
-                                          "value": f"the deploy runbook, step {i}: " + "details " * 20})
-    yield n
-    n.close()
+        node.call_tool("alpha", "remember", {"key": f"deploy step {i}",
+                                             "value": f"the deploy runbook, step {i}: " + "details " * 20})
+    return node
 
 
 def injections(node, key):

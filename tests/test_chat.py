@@ -24,14 +24,11 @@ PEER = "ed25519:Kay64UG8yvCyLhqU000LxzYeUm0L_hLIl5S8kyKWbdc"
 
 
 @pytest.fixture
-def node(tmp_path):
-    n = Node.open(tmp_path / "home")
-    n.run("embedder.set", {"provider": "none"})
-    n.run("agent.new", {"name": "alpha"})
-    n.run("agent.new", {"name": "beta"})
-    n.run("memory.new", {"name": "notes"})
-    yield n
-    n.close()
+def node(node):
+    """conftest's node (alpha, no embedder), a second agent, beta, and a bank, notes."""
+    node.run("agent.new", {"name": "beta"})
+    node.run("memory.new", {"name": "notes"})
+    return node
 
 
 def say(node: Node, line: str, *, agent: str = "alpha", session: str | None = None, events: Any = None) -> Result:

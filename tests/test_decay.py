@@ -5,9 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node import Node, commands
+from node import commands
 from node.memory.agents import ConfigError
-from node.memory.embedders import EmbedderConfig
 from node.memory.fusion import DAY_MS, decay_factor, decayed
 from node.memory.timeline import Filters
 
@@ -21,14 +20,11 @@ ROWS = [  # best match first without decay (BM25: the query's word, more often, 
 
 
 @pytest.fixture
-def node(tmp_path):
-    n = Node.open(tmp_path / "home")
-    n.set_embedder_config(EmbedderConfig("none"))
-    n.agents.create_agent("alpha")
+def node(node):
+    """conftest's node (alpha, no embedder) with ROWS in alpha's memory."""
     for row in ROWS:
-        n.call_tool("alpha", "remember", row)
-    yield n
-    n.close()
+        node.call_tool("alpha", "remember", row)
+    return node
 
 
 def ranking(node, now):

@@ -199,10 +199,9 @@ class Api:
 
 
 @pytest.fixture
-async def api(tmp_path) -> AsyncIterator[Api]:
-    home = tmp_path / "node"
-    node, _ = Node.init(home)
-    node.run("embedder.set", {"provider": "none"})
+async def api(home) -> AsyncIterator[Api]:
+    """The API of conftest's home (no embedder) with agent alpha and bank notes."""
+    node = Node.open(home)
     node.run("agent.new", {"name": "alpha"})
     node.run("memory.new", {"name": "notes"})
     node.run("memory.grant", {"bank": "notes", "agent": "alpha", "perm": "write"})

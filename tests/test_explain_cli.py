@@ -8,19 +8,17 @@ import json
 import pytest
 
 from node import Node
+from tests.homes import agent_with_bank
 from tests.test_cli import mm, mm_here
 
 
 @pytest.fixture
-def home(tmp_path):
-    """A node with agent alpha and bank notes, set up through the library (faster than the CLI)."""
-    h = tmp_path / "node"
-    with Node.open(h) as node:
-        node.run("embedder.set", {"provider": "none"})
-        node.run("agent.new", {"name": "alpha"})
-        node.run("memory.new", {"name": "notes"})
-        node.run("memory.grant", {"bank": "notes", "agent": "alpha", "perm": "write"})
-    return h
+def home(home):
+    """conftest's home (no embedder) with agent alpha writing bank notes, set up through the
+    library (faster than the CLI)."""
+    with Node.open(home) as node:
+        agent_with_bank(node.run)
+    return home
 
 
 def test_explain_an_accepted_entry_asks_every_database(home):

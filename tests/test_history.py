@@ -23,8 +23,9 @@ from tests.test_cli import mm_here
 
 
 @pytest.fixture
-def n(tmp_path):
-    yield from alpha_node(tmp_path / "home")
+def n(node):
+    """conftest's node: alpha, no embedder."""
+    return node
 
 
 def add(n: Node, text: str, session: str = "s", role: str = "user", agent: str = "alpha") -> dict:

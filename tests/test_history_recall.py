@@ -1,22 +1,10 @@
 """History in recall (scopes) and retention over real history (issue 12, items 3 and 7)."""
 from __future__ import annotations
 
-import pytest
-
 from node import Node
-from node.memory.embedders import EmbedderConfig
 from tests.dbkit import feed
 
 PLANTED = "The staging database password rotation happens every second Thursday at noon."
-
-
-@pytest.fixture
-def node(tmp_path):
-    n = Node.open(tmp_path / "home")
-    n.set_embedder_config(EmbedderConfig("none"))
-    n.agents.create_agent("alpha")
-    yield n
-    n.close()
 
 
 def talk(node, session, n, planted_at=None):

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from auth.errors import MemmeshError
 from node.memory.hygiene import RULES, HygieneInputError, detect, normalise
+from tests.oracles import detect_unanchored
 
 POSITIVE = {
     "override": [
@@ -168,17 +169,13 @@ _PIECES = sorted({w for ts in POSITIVE.values() for t in ts for w in t.split()}
 @given(st.lists(st.sampled_from(_PIECES), max_size=12))
 def test_the_anchor_scan_never_changes_the_answer(words: list[str]) -> None:
     # Texts built from the rules' own vocabulary, so that many of them match some rule.
-    from node.memory.hygiene import _detect_unanchored
-
     text = " ".join(words)
-    assert detect(text) == _detect_unanchored(normalise(text))
+    assert detect(text) == detect_unanchored(normalise(text))
 
 
 @pytest.mark.parametrize("text", [t for ts in POSITIVE.values() for t in ts] + ORDINARY)
 def test_the_anchor_scan_agrees_on_the_examples(text: str) -> None:
-    from node.memory.hygiene import _detect_unanchored
-
-    assert detect(text) == _detect_unanchored(normalise(text))
+    assert detect(text) == detect_unanchored(normalise(text))
 
 
 @pytest.mark.parametrize("text,rule", [

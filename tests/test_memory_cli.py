@@ -17,15 +17,12 @@ from tests.test_cli import mm, mm_here
 
 
 @pytest.fixture
-def home(tmp_path):
-    # Made with the library (the same registry commands the CLI runs): the tests' own steps
-    # are the ones that go through the command line.
-    h = tmp_path / "node"
-    node, _ = Node.init(h)
-    with node:
-        node.run("embedder.set", {"provider": "none"})
+def home(home):
+    """conftest's home (no embedder) with agent alpha. Made with the library (the same registry
+    commands the CLI runs): the tests' own steps are the ones that go through the command line."""
+    with Node.open(home) as node:
         node.run("agent.new", {"name": "alpha"})
-    return h
+    return home
 
 
 def test_agents_new_and_list(home):

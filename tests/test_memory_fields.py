@@ -16,15 +16,10 @@ from node.memory.rows import MEMORY_STORE, memory_value, parse_memory
 from node.memory.saving import plan_write
 from node.memory.timeline import Filters
 from node.memory.view import MemoryView
-from tests.homes import alpha_node, recall, remember
+from tests.homes import recall, remember
 from tests.dbkit import feed, grant, key, new_db, replica, write
 
 ADMIN, ALICE, BOB, CAROL = key(1), key(2), key(3), key(4)
-
-
-@pytest.fixture
-def node(tmp_path):
-    yield from alpha_node(tmp_path / "home")
 
 
 def entries(node) -> int:

@@ -11,13 +11,10 @@ from node.memory.embedders import EmbedderConfig
 
 
 @pytest.fixture
-def node(tmp_path):
-    n = Node.open(tmp_path / "home")
-    n.set_embedder_config(EmbedderConfig("none"))
-    n.agents.create_agent("alpha")
-    n.agents.create_agent("beta")
-    yield n
-    n.close()
+def node(node):
+    """conftest's node (alpha, no embedder) and a second agent, beta."""
+    node.agents.create_agent("beta")
+    return node
 
 
 def remember(node, agent, key, value, tags=None, bank=None):

@@ -20,7 +20,7 @@ from node.memory.rows import MEMORY_STORE, check_time, memory_value, parse_memor
 from node.memory.saving import plan_write
 from node.memory.timeline import Filters, current_in, held_at
 from node.memory.view import MemoryView
-from tests.homes import alpha_node, recall, remember
+from tests.homes import recall, remember
 from tests.dbkit import feed, grant, key, new_db, replica, write
 
 ADMIN, ALICE, BOB = key(1), key(2), key(3)
@@ -29,11 +29,6 @@ MISSING = "sha256:" + "0" * 64
 
 
 # ------------------------------------------------------------------ through the tool
-@pytest.fixture
-def node(tmp_path):
-    yield from alpha_node(tmp_path / "home")
-
-
 def _seq(node):
     """Monday -> Friday -> retired; returns the three entries."""
     e1 = remember(node, key="deadline", value="Monday", valid_from="2020-03-01", category="fact")["entry"]

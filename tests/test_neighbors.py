@@ -9,11 +9,9 @@ import json
 import pytest
 
 from auth.errors import AuthError, MemmeshError
-from node import Node
 from node.cli import main
 from node.commands.params import ParamsError
 from node.config_apply import reload_config
-from node.memory.embedders import EmbedderConfig
 from node.memory.graph import NoSuchMemory, split_target
 from node.settings import CONFIG_FILE, ToolNotAllowed
 
@@ -40,22 +38,19 @@ GRAPH = {
 
 
 @pytest.fixture
-def node(tmp_path):
-    n = Node.open(tmp_path / "home")
-    n.set_embedder_config(EmbedderConfig("none"))
-    n.agents.create_agent("alpha")
-    n.agents.create_agent("writer")
+def node(node):
+    """conftest's node (alpha, no embedder) holding GRAPH, which writer writes in the banks."""
+    node.agents.create_agent("writer")
     for bank in ("team", "secret"):
-        n.run("memory.new", {"name": bank})
-        n.run("memory.grant", {"bank": bank, "agent": "writer", "perm": "write"})
-    n.run("memory.grant", {"bank": "team", "agent": "alpha", "perm": "read"})
+        node.run("memory.new", {"name": bank})
+        node.run("memory.grant", {"bank": bank, "agent": "writer", "perm": "write"})
+    node.run("memory.grant", {"bank": "team", "agent": "alpha", "perm": "read"})
     for bank, rows in GRAPH.items():
         agent = "alpha" if bank == "alpha" else "writer"
         for key, edges in rows:
-            n.call_tool(agent, "remember", {"key": key, "value": f"about {key}", "bank": bank,
-                                            "edges": [{"type": t, "to": to} for t, to in edges]})
-    yield n
-    n.close()
+            node.call_tool(agent, "remember", {"key": key, "value": f"about {key}", "bank": bank,
+                                               "edges": [{"type": t, "to": to} for t, to in edges]})
+    return node
 
 
 def neighbors(node, **args):

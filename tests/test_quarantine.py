@@ -31,7 +31,6 @@ import node.commands.quarantine  # noqa: F401  (registers the commands until nod
 from node import Node
 from node.commands import ParamsError
 from node.commands.quarantine import AlreadyReleased, UnknownQuarantine
-from node.memory.embedders import EmbedderConfig
 from node.memory.quarantine import (
     QUARANTINE_STORE,
     Quarantine,
@@ -389,14 +388,13 @@ def test_any_delivery_order_gives_the_same_quarantines_and_hidden_rows(h, orders
 
 # ---------------------------------------------------------------------------------- commands
 @pytest.fixture
-def node(tmp_path):
-    n = Node.open(tmp_path / "home")
-    n.set_embedder_config(EmbedderConfig("none"))
-    agent_with_bank(n.run)
-    n.run("agent.new", {"name": "beta"})
-    n.run("memory.grant", {"bank": "notes", "agent": "beta", "perm": "write"})
-    yield n
-    n.close()
+def node(node):
+    """conftest's node (alpha, no embedder) and a bank, notes, that alpha and beta write."""
+    node.run("memory.new", {"name": "notes"})
+    node.run("memory.grant", {"bank": "notes", "agent": "alpha", "perm": "write"})
+    node.run("agent.new", {"name": "beta"})
+    node.run("memory.grant", {"bank": "notes", "agent": "beta", "perm": "write"})
+    return node
 
 
 def _remember(n: Node, agent: str, k: str, value: str) -> None:
@@ -515,14 +513,12 @@ def test_a_weaker_admin_may_quarantine_a_writer_but_not_release_a_stronger_ones_
 
 
 @pytest.fixture
-def home(tmp_path):
-    h = tmp_path / "cli"
-    n, _ = Node.init(h)
-    with n:
-        n.run("embedder.set", {"provider": "none"})
+def home(home):
+    """conftest's home (no embedder) with alpha writing notes, and one note there."""
+    with Node.open(home) as n:
         agent_with_bank(n.run)
         n.call_tool("alpha", "remember", {"key": "a0", "value": "alpha's note", "bank": "notes"})
-    return h
+    return home
 
 
 def test_the_command_line(home: Path):

@@ -15,13 +15,10 @@ from tests.test_cli import mm_here
 
 
 @pytest.fixture
-def node(tmp_path):
-    n = Node.open(tmp_path / "home")
-    n.run("embedder.set", {"provider": "none"})
-    n.run("agent.new", {"name": "alpha"})
-    n.run("memory.new", {"name": "notes"})
-    yield n
-    n.close()
+def node(node):
+    """conftest's node (alpha, no embedder) and a bank, notes."""
+    node.run("memory.new", {"name": "notes"})
+    return node
 
 
 def snapshot(node: Node) -> dict:

@@ -1,11 +1,11 @@
-"""The many-peer simulator (node/sync/sim.py): real databases, keys, servers and clients, a
+"""The many-peer simulator (tests/sim.py): real databases, keys, servers and clients, a
 lossy, duplicating, reordering network with a partition. Every peer converges to the same
 entries and the same state, in a bounded number of rounds, and no peer exceeds its fan-out."""
 from __future__ import annotations
 
 import pytest
 
-from node.sync.sim import SimConfig, SimResult, max_requests_per_exchange, simulate
+from tests.sim import SimConfig, SimResult, max_requests_per_exchange, simulate
 from tests.dbkit import state
 
 

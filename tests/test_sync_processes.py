@@ -366,7 +366,7 @@ def _ancestors(db, entry_id: str) -> set[str]:
 
 def _fingerprint(home: Path, db_id: str) -> dict[str, Any]:
     """Everything observable of the bank in one home, read with the library after serve stopped."""
-    from node.sync.sim import db_state
+    from tests.sim import db_state
 
     with Node.open(home) as node:
         db = node.database(db_id)

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from auth.b64url import b64url_encode
 from auth.keys import DOMAIN_TICKET, SigningKey
 from auth.permissions import MAX_PRIORITY, Permission
 from tickets import (
@@ -117,7 +118,7 @@ def _rejects(t: Ticket) -> list[dict]:
         ("an empty parameter", s.replace("&perm=", "&&perm="), FORMAT),
         ("a parameter twice", s.replace("&exp=", f"&exp={EXPIRES}&exp="), FORMAT),
         ("upper-case scheme", "MEMMESH" + s[7:], FORMAT),
-        ("the secret of another key", q + "#secret=" + ticket_module._b64(OTHER.seed()), SECRET),
+        ("the secret of another key", q + "#secret=" + b64url_encode(OTHER.seed()), SECRET),
         ("the exp changed", s.replace(f"exp={EXPIRES}", f"exp={EXPIRES + 1}"), SIGNATURE),
         ("signed by another key", resigned(signature=OTHER.sign(DOMAIN_TICKET, t.signed_bytes())), SIGNATURE),
         ("IPv6 not in RFC 5952 form", s.replace("[2001:db8::1]", "[2001:db8:0:0:0:0:0:1]"), FIELD),
@@ -437,15 +438,15 @@ def test_wrong_recipient_refused():
 def test_wrong_or_missing_secret_refused():
     t = _invite_ticket()
     q = encode(t).partition("#")[0]
-    assert decode(q + "#secret=" + ticket_module._b64(INVITE.seed())) == t
+    assert decode(q + "#secret=" + b64url_encode(INVITE.seed())) == t
     for seed in (OTHER.seed(), ISSUER.seed(), bytes(32)):
-        assert _reason(lambda: decode(q + "#secret=" + ticket_module._b64(seed))) == SECRET
+        assert _reason(lambda: decode(q + "#secret=" + b64url_encode(seed))) == SECRET
     assert _reason(lambda: replace(t, secret=OTHER.seed())) == SECRET
     assert _reason(lambda: replace(t, secret=INVITE.seed()[:31])) == SECRET
-    assert _reason(lambda: decode(q + "#secret=" + ticket_module._b64(INVITE.seed())[:-1])) == FIELD
+    assert _reason(lambda: decode(q + "#secret=" + b64url_encode(INVITE.seed())[:-1])) == FIELD
     assert _reason(lambda: decode(q + "#secret=")) == FIELD
     assert _reason(lambda: decode(q + "#")) == FORMAT
-    assert _reason(lambda: decode(q + "#s=" + ticket_module._b64(INVITE.seed()))) == FORMAT
+    assert _reason(lambda: decode(q + "#s=" + b64url_encode(INVITE.seed()))) == FORMAT
     without = decode(q)
     assert without.secret is None and without == t.without_secret()
     assert _reason(lambda: check(without, now=0)) == SECRET
@@ -453,7 +454,7 @@ def test_wrong_or_missing_secret_refused():
     assert t.invite_key().public == INVITE.public and without.invite_key() is None
     # a recipient ticket never carries a secret
     r = encode(_recipient_ticket())
-    assert _reason(lambda: decode(r + "#secret=" + ticket_module._b64(INVITE.seed()))) == FORMAT
+    assert _reason(lambda: decode(r + "#secret=" + b64url_encode(INVITE.seed()))) == FORMAT
     assert _reason(lambda: replace(_recipient_ticket(), secret=INVITE.seed())) == FIELD
 
 
@@ -554,7 +555,7 @@ def test_text_level_field_errors():
 
 def test_redacted_forms_never_show_the_secret():
     t = _invite_ticket()
-    secret = ticket_module._b64(INVITE.seed())
+    secret = b64url_encode(INVITE.seed())
     assert secret in encode(t)
     for shown in (repr(t), str(t), f"{t}", t.redacted(), encode(t.without_secret()), repr(t.without_secret())):
         assert secret not in shown and INVITE.seed().hex() not in shown

@@ -11,7 +11,6 @@ from auth.ops import GrantOp, RevokeOp
 from auth.permissions import Admin, Write
 from crdt import validity
 from crdt.validity import (
-    DagBuilder,
     Evaluator,
     Event,
     Verdict,
@@ -20,6 +19,7 @@ from crdt.validity import (
     merge_vv,
     past_vv,
 )
+from tests.dagbuilder import DagBuilder
 from tests.dbkit import key_str as key
 
 

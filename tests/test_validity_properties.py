@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from auth.ops import GrantOp, RevokeOp
 from auth.permissions import Permission, rank
 from crdt.validity import (
-    DagBuilder,
     Evaluator,
     Event,
     Verdict,
@@ -30,6 +29,7 @@ from crdt.validity import (
     past_vv,
     settings_at,
 )
+from tests.dagbuilder import DagBuilder
 from tests.dbkit import key_str as key
 
 NAMES = ["R", "A", "B", "C", "D", "E"]

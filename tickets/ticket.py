@@ -16,7 +16,6 @@ logs) and must derive exactly the ``inv`` key.
 """
 from __future__ import annotations
 
-import base64
 import binascii
 import ipaddress
 import re
@@ -26,6 +25,7 @@ from typing import Iterable
 
 import msgpack
 
+from auth.b64url import b64url_decode, b64url_encode
 from auth.errors import KeyFormatError, RejectedError
 from auth.keys import DOMAIN_TICKET, PublicKey, SigningKey, verify
 from auth.permissions import ADMIN, LEVELS, MAX_PRIORITY, READ_LEVEL, Permission
@@ -76,10 +76,6 @@ def _reject(reason: str, detail: str) -> TicketRejected:
 
 
 # ------------------------------------------------------------------------------ small parts
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
 def _unb64(text: str, nbytes: int, what: str) -> bytes:
     """Canonical base64url without padding of exactly ``nbytes`` bytes, else ticket.field."""
     chars = (nbytes * 4 + 2) // 3
@@ -87,10 +83,10 @@ def _unb64(text: str, nbytes: int, what: str) -> bytes:
     if not isinstance(text, str) or len(text) != chars or not _B64URL.fullmatch(text):
         raise _reject(FIELD, f"{hint}; the ticket's value is not")
     try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        raw = b64url_decode(text)
     except (binascii.Error, ValueError) as exc:
         raise _reject(FIELD, f"{hint}; the ticket's value is not") from exc
-    if len(raw) != nbytes or _b64(raw) != text:
+    if len(raw) != nbytes or b64url_encode(raw) != text:
         raise _reject(FIELD, f"{hint}, spelled canonically (unused bits zero); the ticket's value is not")
     return raw
 
@@ -340,10 +336,10 @@ def encode(ticket: Ticket) -> str:
         parts.append(f"for={ticket.recipient}")
     else:
         parts.append(f"inv={ticket.invite}")
-    parts += [f"exp={ticket.expires}", f"iss={ticket.issuer}", f"sig={_b64(ticket.signature)}"]
+    parts += [f"exp={ticket.expires}", f"iss={ticket.issuer}", f"sig={b64url_encode(ticket.signature)}"]
     text = SCHEME + "?" + "&".join(parts)
     if ticket.secret is not None:
-        text += "#secret=" + _b64(ticket.secret)
+        text += "#secret=" + b64url_encode(ticket.secret)
     return text
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Iterator
 from pydantic import Field, field_validator
 
 from auth.errors import MemmeshError
+from crdt.clock import now_ms
 from crdt.errors import DamagedError
 from crdt.storage import Storage
 from node.commands.params import Cli, Params
@@ -318,7 +319,7 @@ def _fence(storage: Storage, peer_key: str, own: set[str]) -> list[str]:
     sync = SyncState(storage, peer_key)
     registry = Registry(storage)
     names = {r.db_id: r.name for r in [*registry.agents(), *registry.banks()]}
-    t = fence.now_ms()
+    t = now_ms()
     new = []
     for db_id in storage.databases():
         db: Database | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from crdt.clock import now_ms
 from node.commands.params import NoParams
 from node.commands.registry import command
 from node.commands.result import Result
@@ -45,10 +46,6 @@ def init(node: "Node", p: NoParams) -> Result:
 
 
 # ---------------------------------------------------------------------------- the numbers
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def stale_after_ms(node: "Node") -> int:
     from node.settings import applied
 

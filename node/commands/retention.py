@@ -1,11 +1,11 @@
 """retention.set, show, preview, run: a database's signed retention policy (node/retention.py)."""
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
+from crdt.clock import now_ms
 from node.commands.params import Cli, Params
 from node.commands.registry import REGISTRY, command
 from node.commands.result import Result
@@ -39,7 +39,7 @@ class RetentionRun(RetentionDb):
 
 
 def _now(p: RetentionRun) -> int:
-    return time.time_ns() // 1_000_000 if p.now is None else check_time("now", p.now)
+    return now_ms() if p.now is None else check_time("now", p.now)
 
 
 @command("retention.set", RetentionSet, "set a database's retention policy (a signed entry; an admin's key)")

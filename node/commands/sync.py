@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field
 
 from auth.errors import MemmeshError
+from crdt.clock import now_ms
 from node.commands.params import BankRef, Cli, NoParams, Params
 from node.commands.registry import command
 from node.commands.result import Result
 from node.sync import sharing
-from node.sync.state import now_ms
 
 if TYPE_CHECKING:
     from node.library import Node

@@ -8,12 +8,12 @@ model, extended, so no argument is declared twice.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field
 
+from crdt.clock import now_ms
 from node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, ParamsError, parse
 from node.commands.registry import command
 from node.commands.result import Result, json_text
@@ -167,7 +167,7 @@ def _recall(node: "Node", agent: "Agent", a: RecallArgs, include_superseded: boo
     out = {"memories": [], "count": 0, "bank": a.bank or agent.name, "message": "", "warnings": []}
     if "memory" in a.scopes:
         out = node.memory.recall(agent, a.query, a.tags, a.limit, a.bank, include_superseded=include_superseded,
-                                 count=count, filters=a.filters(time.time_ns() // 1_000_000))
+                                 count=count, filters=a.filters(now_ms()))
     if "history" in a.scopes:
         from node.history.search import search_history  # history is the agent's own conversation
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from crdt.clock import now_ms
 from crdt.entry import decode_entry
 from crdt.errors import MemmeshError, StorageError
 from crdt.storage import Storage
@@ -266,7 +267,7 @@ def _check_storage(home: Path, storage: SqliteStorage, report: Report, keys: Key
         for db_id, f in out.items():
             f.report.repair = DatabaseRepair()
             moves = f.found.moves()
-            storage.move_aside(db_id, moves, moved_ms=time.time_ns() // 1_000_000)
+            storage.move_aside(db_id, moves, moved_ms=now_ms())
             f.report.repair.moved_aside = [m.entry_id for m in moves if not m.stores]
             f.report.repair.payloads_cleared = [[m.entry_id, s] for m in moves for s in m.stores]
     totals = storage.pending_totals_problems()
@@ -387,7 +388,7 @@ def _fence_lost(node: "Node", dbs: dict[str, Any], found: dict[str, _Found], key
             elif x.author in own:
                 lost[x.author] = max(x.seq, lost.get(x.author, -1))
         if (lost or unknown) and fence.held_elsewhere(node.sync, db_id, dbs.get(db_id), own):
-            new.append(fence.Fence(db_id, fence.REPAIR, fence.now_ms(), sorted(own), catch_up=unknown, lost=lost))
+            new.append(fence.Fence(db_id, fence.REPAIR, now_ms(), sorted(own), catch_up=unknown, lost=lost))
             repair.fenced = True
     fence.set_many(node.storage, new)
 

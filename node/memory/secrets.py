@@ -21,7 +21,7 @@ answer ``"memmesh Private Key"`` and ``"memmesh Invite Secret"``.
 Not detected: a scanner is not a proof. Passwords in prose ("my password is hunter2"),
 keyword values that are plain words or digits ("password: letmein"), passphrases, formats
 without a plugin, and anything split across lines or memories pass. Left out on purpose
-(bench/secrets.py measures each): the high-entropy plugins (the hex one flags entry ids
+(bench/credentials.py measures each): the high-entropy plugins (the hex one flags entry ids
 ``sha256:<64 hex>``, commit hashes and UUIDs; the base64 one flags every memmesh public key
 ``ed25519:<43 base64url>`` and ticket; memories quote all of them all the time), keyword
 matches whose value reads as prose ("the secret: practice"), and the public-IPv4 plugin (an
@@ -42,8 +42,8 @@ Cost: a pre-filter runs first. Every plugin is paired with a necessary condition
 a run of 20 token characters (:data:`_RUN`) for the formats that contain one, a literal
 (``eyJ``, ``://``, ``xox``, a keyword stem ...) otherwise; text that meets none is answered
 without the library, and on the rest only the plugins whose condition holds run. The
-pre-filter never changes an answer (tests and bench/secrets.py compare with a scan that runs
-every plugin everywhere). Measured by bench/secrets.py on a shared 2-core machine: 4-7
+pre-filter never changes an answer (tests and bench/credentials.py compare with a scan that
+runs every plugin everywhere, tests/oracles.py). Measured by bench/credentials.py on a shared 2-core machine: 4-7
 microseconds per ordinary chat turn (1.1 % of them pass the pre-filter), about 20 per
 credential, against 0.2-0.4 milliseconds per line for detect-secrets' own ``scan_line`` with
 every plugin. detect-secrets itself is imported on the first text that passes the pre-filter
@@ -60,7 +60,7 @@ the IBM, Cloudant and SoftLayer assignments on runs of spaces). So runs of space
 collapsed to one; npm and OpenAI run only where an exact linear test says they match; the
 JWT and keyword expressions run only on the tokens and assignments a linear scan finds, at
 most :data:`MAX_CANDIDATES` of each per window. Time is then linear in the text, about
-0.1-0.2 s for the worst 64 KiB found (bench/secrets.py).
+0.1-0.2 s for the worst 64 KiB found (bench/credentials.py).
 """
 
 from __future__ import annotations
@@ -400,12 +400,6 @@ def find_secret(text: str) -> str | None:
     if not _may_hold(text):
         return None
     return _scan(text, prefilter=True)
-
-
-def _find_unfiltered(text: str) -> str | None:
-    """:func:`find_secret` with every plugin on every window: the pre-filter is sound when
-    the two always agree (tests and bench/secrets.py compare them)."""
-    return _scan(text[:MAX_CHARS], prefilter=False)
 
 
 def secret_reason(key: str, value: str, tags: Sequence[str]) -> str | None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from auth.errors import AuthError
 from auth.permissions import Permission
+from crdt.clock import now_ms
 from crdt.database import Database
 from node.memory.access import AccessCounts
 from node.memory.agents import Agent, Agents, agent_state
@@ -150,7 +151,7 @@ class MemoryService:
         memory_value(key, value, tags if tags is not None else (), **fields)  # bad input fails first
         target = self.agents.open_for(agent, bank, "write")
         plan = plan_write(self.view(target.db), key, value, tags if tags is not None else (),
-                          supersedes=supersedes, now=_now_ms() if now is None else now, **fields)
+                          supersedes=supersedes, now=now_ms() if now is None else now, **fields)
         if plan.row is None:
             return {"ok": True, "key": plan.current.key, "bank": target.name, "entry": plan.current.entry_id,
                     "embedded": False, "warnings": [], "deduplicated": True, "merged_into": plan.current.key}
@@ -201,7 +202,7 @@ class MemoryService:
         target = self.agents.open_for(agent, bank, "read")
         warnings: list[str] = []
         if filters is None:
-            filters = Filters(now=_now_ms())
+            filters = Filters(now=now_ms())
         ranking = Ranking.of(agent, agent_state(agent.db, memory_defaults(self.agents.home)).config)
         found = self._search(target.db, query, tags, limit, warnings, include_superseded, filters=filters,
                              ranking=ranking)
@@ -241,7 +242,7 @@ class MemoryService:
                     filters=filters, include_secrets=ranking.include_secrets, hide_flagged=ranking.hide_flagged)
         if not self._reweighs(view, ranking):
             return [self._found(view, m, score, ranking) for m, score in view.recall(query, limit=limit, **args)]
-        now = filters.now if filters is not None and filters.now is not None else _now_ms()
+        now = filters.now if filters is not None and filters.now is not None else now_ms()
         found = [self._found(view, m, score, ranking) for m, score in view.recall(query, limit=MAX_LIMIT, **args)]
         weights = ranking.weights or {}
         half_lives = ranking.half_lives or {}
@@ -279,7 +280,7 @@ class MemoryService:
     def neighbors(self, agent: Agent, key: str, bank: str | None = None, types: Sequence[str] = (),
                   depth: int = 1, now: int | None = None) -> dict[str, Any]:
         """The memories linked to ``key`` by edges, both ways, across readable banks (node/memory/graph.py)."""
-        return neighbors(self, agent, key, bank, types, depth, _now_ms() if now is None else now)
+        return neighbors(self, agent, key, bank, types, depth, now_ms() if now is None else now)
 
     def list_banks(self, agent: Agent) -> dict[str, Any]:
         own = perm_name(self._perm_on(agent, agent.db.id))
@@ -315,13 +316,9 @@ class MemoryService:
         return self.agents.home.database(db_id).permission(str(agent.key.public))
 
     # ------------------------------------------------------------------ auto-recall
-    def auto_recall(self, agent: Agent, messages: Sequence[str], session: str | None = None,
-                    context_window: int = DEFAULT_CONTEXT_WINDOW) -> str:
-        return self.auto_recall_lines(agent, messages, session, context_window=context_window)[0]
-
-    def auto_recall_lines(self, agent: Agent, messages: Sequence[str], session: str | None = None,
-                          count: bool = True, context_window: int = DEFAULT_CONTEXT_WINDOW,
-                          now: int | None = None) -> tuple[str, list[dict[str, Any]], int]:
+    def auto_recall_result(self, agent: Agent, messages: Sequence[str], session: str | None = None,
+                           count: bool = True, context_window: int = DEFAULT_CONTEXT_WINDOW,
+                           now: int | None = None) -> tuple[str, list[dict[str, Any]], int, list[str]]:
         """The Relevant Memories block, per line of it where it came from: the line's text
         (as in the block), the memory's key, the bank (None: the agent's own memory), the
         database, the score that ranked it there (scores compare within one store only) and
@@ -333,14 +330,8 @@ class MemoryService:
         The stores are searched at once on the search threads, and the call waits for them
         until the agent's ``auto_recall_deadline_ms``; a store still searching then is named in
         the block as not searched this turn (its search finishes in the background, so its
-        index is ready next time), never waited for. Flagged rows and secrets are never shown."""
-        return self.auto_recall_result(agent, messages, session, count=count, context_window=context_window,
-                                       now=now)[:3]
-
-    def auto_recall_result(self, agent: Agent, messages: Sequence[str], session: str | None = None,
-                           count: bool = True, context_window: int = DEFAULT_CONTEXT_WINDOW,
-                           now: int | None = None) -> tuple[str, list[dict[str, Any]], int, list[str]]:
-        """:meth:`auto_recall_lines` and the names of the stores that missed the deadline."""
+        index is ready next time), never waited for, and listed last in the result (the names
+        of the stores that missed the deadline). Flagged rows and secrets are never shown."""
         start = time.monotonic()  # the deadline covers the whole call, reading the config included
         state = agent_state(agent.db, memory_defaults(self.agents.home))
         deadline_ms = int(state.config["auto_recall_deadline_ms"])
@@ -351,7 +342,7 @@ class MemoryService:
             return "", [], 0, []
         query = " ".join(tokens)
         limit = int(state.config["max_entries"])
-        now = _now_ms() if now is None else now
+        now = now_ms() if now is None else now
         ranking = Ranking.of(agent, state.config, auto=True)
         warnings: list[str] = []
         stores: list[tuple[Database, str | None]] = [(agent.db, None)]
@@ -502,8 +493,3 @@ def half_life(m: Any, half_lives: dict[str, float]) -> float | None:
     if m.category is not None and m.category in half_lives:
         return half_lives[m.category]
     return half_lives.get("*")
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-

@@ -29,7 +29,6 @@ import errno
 import hashlib
 import ipaddress
 import logging
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -47,6 +46,7 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 
 from auth.errors import KeyFormatError, MemmeshError
 from auth.keys import PublicKey
+from crdt.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,6 @@ OnChange = Callable[[str, DiscoveredPeer], None]
 def node_label(peer_key: str) -> str:
     """The instance name of a node: ``mm-`` and 16 hex digits of sha256 of its key string."""
     return "mm-" + hashlib.sha256(peer_key.encode("utf-8")).hexdigest()[:16]
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _hint(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
@@ -232,7 +228,7 @@ class Discovery:
         self._entries: dict[str, _Entry] = {}  # instance name -> its resolved announcement
         self._by_key: dict[str, set[str]] = {}  # peer key -> instance names announcing it
         self.ignored: Counter[str] = Counter()  # announcements ignored, by reason
-        self._wall_offset = _now_ms() - current_time_millis()  # zeroconf's monotonic ms -> wall ms
+        self._wall_offset = now_ms() - current_time_millis()  # zeroconf's monotonic ms -> wall ms
 
     # -- public API -------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ meant and that the answer is to its own request. docs/protocol.md section 6.1 ha
 """
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import os
@@ -19,6 +18,7 @@ from typing import Mapping
 
 import msgpack
 
+from auth.b64url import b64url_decode, b64url_encode
 from auth.errors import KeyFormatError
 from auth.keys import DOMAIN_SYNC_REQUEST, DOMAIN_SYNC_RESPONSE, PublicKey, SigningKey, verify
 from crdt.errors import RejectedError
@@ -37,16 +37,12 @@ class EnvelopeError(RejectedError):
     """A request or response whose signature, target, time or nonce does not hold."""
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
 def _unb64(text: str, size: int, what: str) -> bytes:
     try:
-        raw = base64.urlsafe_b64decode((text + "=" * (-len(text) % 4)).encode("ascii"))
+        raw = b64url_decode(text)
     except (binascii.Error, UnicodeEncodeError, ValueError):
         raise EnvelopeError("sync.unauthenticated", f"{what} is not base64url") from None
-    if len(raw) != size or _b64(raw) != text:
+    if len(raw) != size or b64url_encode(raw) != text:
         raise EnvelopeError("sync.unauthenticated", f"{what} is not {size} bytes in canonical base64url")
     return raw
 
@@ -80,7 +76,7 @@ def sign_request(key: SigningKey, method: str, path: str, body: bytes, target: s
     nonce = nonce if nonce is not None else os.urandom(16)
     sig = key.sign(DOMAIN_SYNC_REQUEST, request_message(method, path, body, _target_raw(target), time_ms, nonce))
     headers = {H_KEY: str(key.public), H_TARGET: target, H_TIME: str(time_ms), H_NONCE: nonce.hex(),
-               H_SIGNATURE: _b64(sig)}
+               H_SIGNATURE: b64url_encode(sig)}
     return SignedRequest(method, path, headers, body, nonce, target)
 
 
@@ -162,7 +158,7 @@ class RequestVerifier:
 
 def sign_response(key: SigningKey, status: int, body: bytes, caller: Caller) -> dict[str, str]:
     sig = key.sign(DOMAIN_SYNC_RESPONSE, response_message(status, body, caller.nonce, PublicKey.parse(caller.key).raw))
-    return {H_KEY: str(key.public), H_SIGNATURE: _b64(sig)}
+    return {H_KEY: str(key.public), H_SIGNATURE: b64url_encode(sig)}
 
 
 def verify_response(request: SignedRequest, caller_key: str, status: int, headers: Mapping[str, str],

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Protocol
 
 from auth.keys import SigningKey
+from crdt.clock import now_ms as _now_ms  # methods take a now_ms argument
 from crdt.database import Database
 from crdt.errors import MemmeshError, RejectedError, StorageError, WriteFailedError
 from node.sync import messages as m
@@ -62,10 +63,6 @@ EXCHANGE_S = 60.0
 def _backoff_reply(blocked_ms: int) -> m.ErrorReply:
     return m.ErrorReply("sync.backoff", f"too many invalid or parked entries from this peer; retry in "
                                         f"{blocked_ms // 1000 + 1} s")
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)

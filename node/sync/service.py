@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 import aiohttp
 from aiohttp import web
 
+from crdt.clock import now_ms
 from crdt.database import Database
 from node import fence
 from node.sync import messages as m
 from node.sync import readers, sharing
 from node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
 from node.sync.protocol import EXCHANGE_S, Client, Exchange, SyncError, SyncServer
-from node.sync.state import Lag, lag, now_ms
+from node.sync.state import Lag, lag
 
 if TYPE_CHECKING:
     from node.library import Node

@@ -38,6 +38,7 @@ from auth.errors import MemmeshError
 from auth.keys import DOMAIN_TICKET_REDEEM, PublicKey, SigningKey, verify
 from auth.ops import GrantOp, RevokeOp
 from auth.permissions import ADMIN, LEVELS, READ_LEVEL, WRITE, rank
+from crdt.clock import now_ms
 from crdt.database import Database
 from crdt.storage import MemoryStorage
 from node.memory.agents import WRITE_PRIORITY
@@ -45,7 +46,7 @@ from node.registry import BankRecord, NameTaken, check_name
 from node.sync import messages as m
 from node.sync.http import HttpTransport, call, run_exchange
 from node.sync.protocol import Client, Exchange, SyncError
-from node.sync.state import Invite, now_ms
+from node.sync.state import Invite
 from node.worker import Runner
 from tickets import Ticket, TicketRejected, check, decode, encode, issue, parse_address
 

@@ -5,10 +5,10 @@ exchanges. Kept in the storage's local records, so it survives restarts and a on
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from crdt.clock import now_ms
 from crdt.storage import Storage
 from node.sync.peerbook import PeerBook, PeerBookError
 
@@ -18,10 +18,6 @@ NS_INVITES = "sync-invites"
 NS_STATUS = "sync-status"
 PEERBOOK_KEY = "peerbook"
 ADDRESS_KEY = "address"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass

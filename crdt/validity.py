@@ -1,4 +1,4 @@
-"""The deterministic valid set of a database's entry DAG (DESIGN section 4, docs/security.md).
+"""The deterministic valid set of a database's entry DAG (docs/security.md, "Authorisation").
 
 The algorithm works on abstract ``Event``s (no crypto) so it can be tested on its own:
 

@@ -1,7 +1,7 @@
 """Strict Yjs v1 update codec for memmesh's append-only stores.
 
 Every store is one pycrdt Doc whose single root is a Map named like the store. The only update
-such a store accepts inserts NEW rows of its author (DESIGN.md section 3, "No untrusted byte
+such a store accepts inserts NEW rows of its author (docs/security.md, "No untrusted byte
 reaches pycrdt"). This module parses untrusted update bytes itself, against exactly that shape,
 so that pycrdt only ever sees updates that were already proven harmless:
 

@@ -75,7 +75,7 @@ def test_may_change_target_stronger():
     assert may_change(Admin(5), Admin(0), None) == "auth.target_stronger"  # revoke
     assert may_change(Admin(5), Admin(0), Write(7)) == "auth.target_stronger"  # demote
     assert may_change(Admin(5), Admin(4), Admin(9)) == "auth.target_stronger"
-    # A write key's priority protects it too (DESIGN 4: keys whose priority is stronger).
+    # A write key's priority protects it too (docs/security.md: keys whose priority is stronger).
     assert may_change(Admin(5), Write(2), None) == "auth.target_stronger"
 
 

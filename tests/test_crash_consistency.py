@@ -1,4 +1,4 @@
-"""kill -9 at random moments while a separate process appends (DESIGN.md section 9).
+"""kill -9 at random moments while a separate process appends (docs/architecture.md, "Storage").
 
 After every kill the file must open, every acknowledged entry must be there with its exact
 bytes, every batch must be all there or not at all, and the next run of the writer must

@@ -1,4 +1,4 @@
-"""Every fallback of DESIGN section 7, through the node, against a real local embeddings server."""
+"""Every fallback of docs/memory.md ("Fallbacks"), through the node, against a real local embeddings server."""
 from __future__ import annotations
 
 import pytest
@@ -6,6 +6,7 @@ import pytest
 from node import Node
 from node.memory.embedders import EmbedderConfig
 from tests.embed_server import EmbedServer
+from tests.procs import until
 
 
 @pytest.fixture
@@ -97,7 +98,10 @@ def test_hanging_embedder_is_bounded(node, server):
     assert r["ok"] and r["embedded"] is False
     [warning] = r["warnings"]
     assert "no complete reply from" in warning and "within 1 s" in warning and "stored without a vector" in warning
-    assert [q.mode for q in server.requests] == ["ok", "hang", "hang"]  # each asked once, nothing retried
+    # Each asked once, nothing retried (the server records a request as it reads it, on its own
+    # thread: a loaded machine may get there after the client gave up).
+    until(lambda: [q.mode for q in server.requests] == ["ok", "hang", "hang"], 60,
+          lambda: f"ok, hang, hang; got {[q.mode for q in server.requests]}")
 
 
 def test_empty_query_and_nothing_matched(node, server):

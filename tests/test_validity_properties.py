@@ -1,4 +1,4 @@
-"""Properties P1-P5 of DESIGN section 4, over random DAGs of settings and data entries.
+"""Properties P1-P5 of docs/security.md ("Authorisation"), over random DAGs of settings and data entries.
 
 A history is built by a root that grants a few keys, then random steps: some author (any of
 4-6 keys, plus a fresh key in the planted cascade) writes a data entry, a grant, a change, a revocation or two operations at once,

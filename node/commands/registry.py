@@ -7,8 +7,9 @@
 
 Every transport reaches a command the same way: the command's name and a JSON-compatible dict
 of parameters, validated against the command's model before the handler runs (so bad
-parameters change nothing). The CLI builds that dict from argparse; a later ``memmesh serve``
-will receive ``{name, params}`` over a socket and call the same :meth:`Registry.run`.
+parameters change nothing). The CLI builds that dict from argparse; a running ``memmesh serve``
+receives ``{name, params}`` over its control socket (and the HTTP API, MCP and chat from their
+own requests) and calls the same :meth:`Registry.run`.
 
 A handler that reports progress declares a keyword-only ``events`` parameter: a sink of small
 JSON-compatible dicts (``{"event": "progress", "done": n, "total": m}``), which the CLI draws

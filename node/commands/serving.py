@@ -1,7 +1,7 @@
 """serve: run the node in the foreground (sync API, daemon, control channel) until a signal.
 
 The one command whose handler is a transport: it is registered here like every other command
-(so the CLI, and later the HTTP API's schema, derive it from one model), and its handler hands
+(so the CLI and the HTTP API's schema derive it from one model), and its handler hands
 the open node to node/serve.py, imported only when serve actually runs so that no other
 command pays for the server's imports.
 """

@@ -1,4 +1,4 @@
-"""Incremental BM25 inverted index (DESIGN section 7: lexical ranking).
+"""Incremental BM25 inverted index (docs/memory.md, "Ranking": lexical).
 
 Scoring, exactly (the "lucene" variant of Kamphuis et al. 2020, as in bm25s with
 ``method="lucene"``)::
@@ -590,7 +590,7 @@ class Subset:
 
     Why: a memory view keeps one index over every row (its statistics are the whole
     history's, for ``as_of`` and ``as_known_at``) and ranks plain recall over the current
-    rows only, with N, df and avgdl of the current rows (DESIGN 7). A second index of the
+    rows only, with N, df and avgdl of the current rows (docs/memory.md). A second index of the
     current rows would hold their postings twice; a subset shares the postings and keeps
     only its own membership, document frequencies, N and total length. Scores of a subset's
     documents are computed with exactly the operations an index holding only those

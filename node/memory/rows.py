@@ -1,6 +1,6 @@
 """Memory rows and embedding rows: their values, strict input checks, lenient remote parsing.
 
-Decisions (DESIGN sections 3 and 7):
+Decisions (docs/architecture.md "Every store is append-only" and docs/memory.md):
 
 * **A memory is a row of the ``memory`` store** (append-only) whose value is
   ``{"key": str, "value": str, "tags": [str, ...]}``. :func:`memory_value` builds that value

@@ -2,7 +2,7 @@
 
 The tool table, with each tool's argument schema, is in node/commands/tools.py; every
 transport reaches these methods through it. Results are plain JSON-able dicts. Fallbacks
-never error (DESIGN 7): no embedder, no vectors yet, an embedder failing on write (the memory
+never error (docs/memory.md): no embedder, no vectors yet, an embedder failing on write (the memory
 is stored without a vector, with a warning) or on read (BM25 only, with a warning).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tokenisation for lexical recall (DESIGN section 7).
+"""Tokenisation for lexical recall (docs/memory.md, "Ranking").
 
 Rules, exactly:
 

@@ -1,4 +1,4 @@
-"""In-memory cosine-similarity index (DESIGN section 7: semantic ranking).
+"""In-memory cosine-similarity index (docs/memory.md, "Ranking": semantic).
 
 Behaviour:
 

@@ -2,7 +2,7 @@
 
 A :class:`MemoryView` follows one :class:`crdt.database.Database` (its ``memory`` store and
 one ``embeddings:<provider>/<model>`` store, the *active* one) and answers ``recall`` exactly
-as DESIGN section 7 specifies. See :mod:`node.memory.rows` for the row shapes.
+as docs/memory.md ("Ranking") specifies. See :mod:`node.memory.rows` for the row shapes.
 
 Candidates
     Per memory key only the newest well-formed row in T order (``RowRecord.order``) is a
@@ -12,7 +12,7 @@ Candidates
     the key's current row. Malformed rows (a peer with Write can store any value) are ignored,
     logged at debug, and never supersede anything.
 
-Ranking (DESIGN 7, exactly)
+Ranking (docs/memory.md, exactly)
     * Document text ``key + " " + value + " " + " ".join(tags)``, tokens as in
       :mod:`node.memory.tokens`; BM25 (k1=1.5, b=0.75) over the *current* rows only: N, df and
       avgdl describe current rows. Rows matching no query token are not in the lexical list.

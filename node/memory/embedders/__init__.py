@@ -1,4 +1,4 @@
-"""Text embedders for semantic recall (DESIGN section 7).
+"""Text embedders for semantic recall (docs/memory.md, "Ranking").
 
 Providers: ``none`` (no semantic ranking), ``hashed`` (numpy feature hashing, always available),
 ``local`` (MiniLM on onnxruntime, weights from the ``embed`` extra), ``openai`` (OpenAI's

@@ -3,7 +3,7 @@
 Algorithm "hashed-v1" (changing any step below changes the vectors, so it must get a new model name):
 
 1. text -> NFKC -> lower case -> tokens = maximal runs of Unicode letters/digits; tokens shorter than
-   2 characters are dropped (as in the BM25 tokeniser of DESIGN section 7).
+   2 characters are dropped (as in the BM25 tokeniser, docs/memory.md "Ranking").
 2. features, each with a weight:
    - ``w:<token>`` weight 1.0 (0.25 for a small fixed list of English stopwords);
    - character 3- and 4-grams of ``<token>`` (with the angle brackets as word boundaries), prefixed

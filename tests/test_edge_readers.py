@@ -304,6 +304,16 @@ def _link(serve, db_id: str, peer: str) -> dict[str, Any] | None:
                 None)
 
 
+def _a_with_bank(home: Path, key: str, value: str) -> None:
+    """Node A: the bank, alpha granted Write on it, and one memory of alpha's in it."""
+    _init(home)
+    with Node.open(home) as node:
+        node.run("agent.new", {"name": "alpha"})
+        node.run("memory.new", {"name": BANK})
+        node.run("memory.grant", {"bank": BANK, "agent": "alpha", "perm": "write"})
+        node.run("remember", {"agent": "alpha", "key": key, "value": value, "bank": BANK})
+
+
 def _memory_values(home: Path) -> list[str]:
     with Node.open(home) as node:
         return [r.value.get("value") for r in node.agents.resolve(BANK).db.rows("memory")]
@@ -312,15 +322,11 @@ def _memory_values(home: Path) -> list[str]:
 @pytest.mark.slow
 def test_a_reader_naming_an_ungranted_key_and_a_config_peer_without_grant_get_nothing(tmp_path):
     a_home, b_home = tmp_path / "a", tmp_path / "b"
-    _init(a_home)
     b_key = _init(b_home)
+    _a_with_bank(a_home, "secret", "the launch code")
     with Node.open(a_home) as node:
-        for name in ("alpha", "reader"):
-            node.run("agent.new", {"name": name})
-        node.run("memory.new", {"name": BANK})
-        node.run("memory.grant", {"bank": BANK, "agent": "alpha", "perm": "write"})
+        node.run("agent.new", {"name": "reader"})
         node.run("memory.grant", {"bank": BANK, "agent": "reader", "perm": "read"})
-        node.run("remember", {"agent": "alpha", "key": "secret", "value": "the launch code", "bank": BANK})
         reader = node.load_key("agent-reader")
     with Outsiders(2) as (named, configured), processes() as procs:
         (a_home / CONFIG_FILE).write_text(f"sync:\n  peers: [{configured.address}]\n")
@@ -362,13 +368,8 @@ def test_a_reader_naming_an_ungranted_key_and_a_config_peer_without_grant_get_no
 @pytest.mark.slow
 def test_a_revoked_reader_gets_nothing_written_after_the_revocation(tmp_path):
     a_home, b_home = tmp_path / "a", tmp_path / "b"
-    _init(a_home)
     b_key = _init(b_home)
-    with Node.open(a_home) as node:
-        node.run("agent.new", {"name": "alpha"})
-        node.run("memory.new", {"name": BANK})
-        node.run("memory.grant", {"bank": BANK, "agent": "alpha", "perm": "write"})
-        node.run("remember", {"agent": "alpha", "key": "before", "value": "written before", "bank": BANK})
+    _a_with_bank(a_home, "before", "written before")
     with processes() as procs:
         sa = procs.serve(a_home, interval=0.5).start()
         sb = procs.serve(b_home, interval=0.5).start()

@@ -223,8 +223,7 @@ def test_an_unredeemed_invite_key_is_never_pushed_to(tmp_path):
 async def test_an_invite_redeems_once_and_ends_with_unshare_and_delete(tmp_path):
     home = tmp_path / "a"
     _init(home)
-    b, c = _importer(tmp_path, "b"), _importer(tmp_path, "c")
-    try:
+    with _importer(tmp_path, "b") as b, _importer(tmp_path, "c") as c:
         with processes() as procs:
             sa = procs.serve(home, interval=60).start().wait_ready()
             once = sa.run("memory.share", {"bank": BANK, "perm": "write"}).data
@@ -260,17 +259,13 @@ async def test_an_invite_redeems_once_and_ends_with_unshare_and_delete(tmp_path)
             assert deleted.value.reason == "ticket.ended"
             _nothing_on(c, db_id, c_dbs)
             assert sa.stop() == 0
-    finally:
-        b.close()
-        c.close()
 
 
 @pytest.mark.slow
 async def test_a_refused_import_leaves_nothing_and_the_invite_still_imports(tmp_path):
     home = tmp_path / "a"
     _init(home)
-    b, c = _importer(tmp_path, "b"), _importer(tmp_path, "c")
-    try:
+    with _importer(tmp_path, "b") as b, _importer(tmp_path, "c") as c:
         b.run("memory.new", {"name": "mine"})
         b.run("memory.new", {"name": BANK})  # the name the shared bank goes by
         with processes() as procs:
@@ -298,9 +293,6 @@ async def test_a_refused_import_leaves_nothing_and_the_invite_still_imports(tmp_
             assert got.name == "theirs" and [r.name for r in b.registry.banks() if r.db_id == db_id] == ["theirs"]
             assert len(b.database(db_id).rows("memory")) == 3
             assert sa.stop() == 0
-    finally:
-        b.close()
-        c.close()
 
 
 # ----------------------------------------------------------------------------- in one process

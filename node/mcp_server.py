@@ -287,6 +287,9 @@ def run_stdio(home: Path, agent: str) -> None:
     anyio.run(prepare(home, agent).run_stdio_async)
 
 
+MCP_MAX_CONNECTIONS = 64  # a local transport for one agent's clients: far fewer than serve's 256
+
+
 class BearerGuard:
     """The HTTP transport's door: every HTTP request carries ``Authorization: Bearer <the
     content of HOME/api.token>`` (the local HTTP API's token), else 401 and nothing of the
@@ -345,15 +348,18 @@ def run_http(home: Path, agent: str, listen: str) -> None:
     app = BearerGuard(server.streamable_http_app(host=sock.getsockname()[0]), token)
     print(f"memmesh: MCP for agent {agent} at http://{host}:{port}/mcp (Streamable HTTP)", file=sys.stderr, flush=True)
     # log_config=None: uvicorn's records go to the process's stderr handler; no access log.
-    # Bounded like serve's listeners (docs/operations.md, "Connection limits"): at most 64
-    # connections and tasks at once (503 beyond), idle keep-alive connections closed after 20 s.
-    # uvicorn times no request head or body: each is timed as serve's are (node/listeners.py).
+    # Bounded like serve's listeners and by the same limits (docs/operations.md, "Connection
+    # limits"): at most MCP_MAX_CONNECTIONS connections and tasks at once (503 beyond; a local
+    # transport needs few), the keep-alive of serve's listeners; uvicorn times no request head or
+    # body, so each is timed as serve's are (node/listeners.py).
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     from node.listeners import Limits, timed_protocol
 
+    limits = Limits.from_env()
     config = uvicorn.Config(app, log_config=None, access_log=False, log_level="warning",
-                            limit_concurrency=64, timeout_keep_alive=20,
-                            http=timed_protocol(H11Protocol, Limits.from_env(), "mcp"))
+                            limit_concurrency=min(MCP_MAX_CONNECTIONS, limits.per_listener or MCP_MAX_CONNECTIONS),
+                            timeout_keep_alive=int(limits.keepalive_s),
+                            http=timed_protocol(H11Protocol, limits, "mcp"))
     with sock:
         anyio.run(partial(uvicorn.Server(config).serve, sockets=[sock]))

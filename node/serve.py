@@ -167,12 +167,14 @@ def _message(record: logging.LogRecord) -> str:
 
 
 def _peer_fault(record: logging.LogRecord) -> bool:
-    """A library's record whose exception a peer caused (it sent bad HTTP, or went away)."""
+    """A library's record whose exception a peer caused (it sent bad HTTP, or went away). Only
+    these lose their traceback: a refused connection, a timeout or an EOF can be a failure of
+    our own code that happens to pass through aiohttp or asyncio, and keeps its traceback."""
     if record.name.split(".", 1)[0] not in _LIBRARY_NET:
         return False
     exc = record.exc_info[1] if record.exc_info else None
-    return isinstance(exc, (HttpProcessingError, web.RequestPayloadError, ConnectionError, TimeoutError,
-                            asyncio.TimeoutError, asyncio.CancelledError, EOFError))
+    return isinstance(exc, (HttpProcessingError, web.RequestPayloadError, ConnectionResetError, BrokenPipeError,
+                            ConnectionAbortedError, asyncio.CancelledError))
 
 
 def _event(name: str, level: int = logging.INFO, exc_info: Any = None, **fields: Any) -> None:

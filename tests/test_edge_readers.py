@@ -188,6 +188,7 @@ def test_an_exchange_stops_pushing_once_its_peer_may_not_read():
             r = out.request
             resp = server.handle(r.method, r.path, r.headers, r.body)
             exchange.on_reply(client.reply(out, resp.status, resp.headers, resp.body)[1])
+        raise AssertionError("the exchange did not end within 100 requests")
 
     with pytest.raises(SyncError) as stopped:
         drive(Exchange(src, str(peer_b.public), refusal=lambda: f"{peer_b.public} holds no grant on notes"))
@@ -314,6 +315,16 @@ def _a_with_bank(home: Path, key: str, value: str) -> None:
         node.run("remember", {"agent": "alpha", "key": key, "value": value, "bank": BANK})
 
 
+def _a_shares_with_b(procs, a_home: Path, b_home: Path, b_key: str) -> tuple[Any, Any, str]:
+    """Serve A and B; A shares the bank with B's key (Read), B imports it: (A, B, the bank's id)."""
+    sa = procs.serve(a_home, interval=0.5).start()
+    sb = procs.serve(b_home, interval=0.5).start()
+    sa.wait_ready(), sb.wait_ready()
+    share = sa.run("memory.share", {"bank": BANK, "perm": "read", "recipient": b_key}).data
+    sb.run("memory.import", {"ticket": share["ticket"], "perm": "read"})
+    return sa, sb, share["db"]
+
+
 def _memory_values(home: Path) -> list[str]:
     with Node.open(home) as node:
         return [r.value.get("value") for r in node.agents.resolve(BANK).db.rows("memory")]
@@ -330,12 +341,7 @@ def test_a_reader_naming_an_ungranted_key_and_a_config_peer_without_grant_get_no
         reader = node.load_key("agent-reader")
     with Outsiders(2) as (named, configured), processes() as procs:
         (a_home / CONFIG_FILE).write_text(f"sync:\n  peers: [{configured.address}]\n")
-        sa = procs.serve(a_home, interval=0.5).start()
-        sb = procs.serve(b_home, interval=0.5).start()
-        sa.wait_ready(), sb.wait_ready()
-        share = sa.run("memory.share", {"bank": BANK, "perm": "read", "recipient": b_key}).data
-        db_id = share["db"]
-        sb.run("memory.import", {"ticket": share["ticket"], "perm": "read"})
+        sa, sb, db_id = _a_shares_with_b(procs, a_home, b_home, b_key)
 
         async def name_it() -> list[m.PeerInfo]:
             async with aiohttp.ClientSession() as session:
@@ -371,12 +377,7 @@ def test_a_revoked_reader_gets_nothing_written_after_the_revocation(tmp_path):
     b_key = _init(b_home)
     _a_with_bank(a_home, "before", "written before")
     with processes() as procs:
-        sa = procs.serve(a_home, interval=0.5).start()
-        sb = procs.serve(b_home, interval=0.5).start()
-        sa.wait_ready(), sb.wait_ready()
-        share = sa.run("memory.share", {"bank": BANK, "perm": "read", "recipient": b_key}).data
-        db_id = share["db"]
-        sb.run("memory.import", {"ticket": share["ticket"], "perm": "read"})
+        sa, sb, db_id = _a_shares_with_b(procs, a_home, b_home, b_key)
         until(lambda: _link(sa, db_id, b_key) is not None and _link(sa, db_id, b_key)["last_success_ms"], REACH_S,
               "A to sync with B")
         # The revocation reaches A (its admin writes it while serve is down), and a memory after it.

@@ -204,7 +204,7 @@ async def test_a_peer_answering_more_forever_does_not_hold_the_exchange():
                                                 exchange, run_here), REACH_S)
     finally:
         await runner.cleanup()
-    assert endless.ops.count("pull") <= 2, endless.ops.count("pull")
+    assert 1 <= endless.ops.count("pull") <= 2, endless.ops.count("pull")  # it pulled, then stopped
 
 
 # ============================================================================ section 4: decoding

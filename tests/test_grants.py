@@ -121,7 +121,7 @@ def test_grants_names_every_key_with_a_label_that_grant_and_revoke_take_back(tmp
     answer = node.run("memory.revoke", {"bank": BANK, "agent": rows[invite]["label"]})
     assert answer.data["invite_ended"] and "can no longer be redeemed" in answer.text
     assert node.sync.invite(invite).ended == "revoked" and bank.db.permission(invite) is None
-    assert invite not in _rows(node) or _rows(node)[invite]["status"] == "revoked"
+    assert invite not in _rows(node)  # an ended invite is no longer listed
     assert share["ticket"]
     node.close()
 
@@ -163,8 +163,8 @@ def test_refused_grants_and_revokes_say_why_and_write_nothing(tmp_path):
         ("memory.revoke", "", ParamsError, "at least 1 character"),
         ("memory.revoke", "peer:mm-0000000000000000", UnknownName, "memmesh memory grants notes"),
         ("memory.revoke", "nobody", UnknownName, "no agent named 'nobody'"),
-        # Refused by the parameters' schema or as naming no agent: either way one clear line.
-        ("memory.revoke", "no\x00body", (UnknownName, ParamsError), "no agent named|control character"),
+        # Refused by the parameters' schema, before any lookup: one clear line.
+        ("memory.revoke", "no\x00body", ParamsError, "control character"),
     ]
     for command, who, error, says in cases:
         params = {"bank": BANK, "agent": who, **({"perm": "read"} if command == "memory.grant" else {})}
@@ -210,7 +210,7 @@ async def test_grants_over_http_and_an_empty_or_bad_ref_to_delete_is_4xx(api):  
     assert status == 404 and "not in the settings of notes" in answer["error"]["message"]
 
     before = await api.written()
-    for ref, expected in (("", {400}), ("no\x00bank", {400, 404}), ("x" * 300, {404}), ("sha256:" + "0" * 64, {404})):
+    for ref, expected in (("", {400}), ("no\x00bank", {400}), ("x" * 300, {404}), ("sha256:" + "0" * 64, {404})):
         status, answer, _ = await api.call("POST", "/v1/memory/delete", {"ref": ref}, valid=False)
         assert status in expected, (ref, answer)
         assert "\n" not in answer["error"]["message"]

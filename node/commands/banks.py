@@ -56,9 +56,11 @@ class MemoryDelete(Params):
 
 @command("memory.delete", MemoryDelete, "unregister a bank (its data is kept as an archive)")
 def memory_delete(node: "Node", p: MemoryDelete) -> Result:
-    rec = node.agents.delete_bank(p.ref)
     from node.sync.sharing import end_invites  # an invite of a deleted bank must never import it
-    end_invites(node, rec.db_id, "deleted")
+    # Invites end first: should that fail, the bank is still registered and the command can be
+    # run again (the other way round, a retry would find no bank and the invites would live on).
+    end_invites(node, node.agents.resolve(p.ref).db.id, "deleted")
+    rec = node.agents.delete_bank(p.ref)
     return Result({"name": rec.name, "id": rec.db_id, "archived": True},
                   f"bank {rec.name} unregistered; its database {rec.db_id} is kept as an archive")
 

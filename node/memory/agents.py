@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 BANKS_STORE = "memory_banks"
 CONFIG_STORE = "config"
 WRITE_PRIORITY = 10  # agents write at Write(10); bank and agent root keys hold Admin(0)
-DB_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")  # a database id is its root entry's id
+DB_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")  # a database id is its root entry's id (use fullmatch: "$" lets "\n" through)
 
 CONFIG_DEFAULTS: dict[str, Any] = {
     "auto_recall_enabled": True,
@@ -313,10 +313,10 @@ class Agents:
 
     def agent(self, name: str) -> Agent:
         # A malformed name (NUL, control characters) names no agent: storage would refuse it.
-        rec = self.registry.agent(name) if isinstance(name, str) and NAME_RE.match(name) else None
+        rec = self.registry.agent(name) if isinstance(name, str) and NAME_RE.fullmatch(name) else None
         if rec is None:
             known = ", ".join(r.name for r in self.registry.agents()) or "none yet"
-            shown = name if isinstance(name, str) and NAME_RE.match(name) else "NAME"
+            shown = name if isinstance(name, str) and NAME_RE.fullmatch(name) else "NAME"
             raise UnknownName(f"no agent named {clean(repr(name), 80)} (agents: {known}); "
                               f"create one with: memmesh agent new {shown}")
         db = self.home.database(rec.db_id)
@@ -342,7 +342,7 @@ class Agents:
         """A bank reference: a bank name, an agent name (its own DB), or a database id."""
         if not isinstance(ref, str) or not ref:
             raise NameError_("a bank reference is a bank name, an agent name or a database id")
-        if not (NAME_RE.match(ref) or DB_ID_RE.match(ref)):
+        if not (NAME_RE.fullmatch(ref) or DB_ID_RE.fullmatch(ref)):
             raise UnknownName(f"no bank {clean(repr(ref), 80)} on this node: a bank reference is a name (letters, "
                               "digits, '.', '_', '-') or a database id (sha256: and 64 hex digits)")
         rec = self.registry.bank(ref)
@@ -380,7 +380,7 @@ class Agents:
         if not isinstance(ref, str) or not ref:
             raise NameError_("memory delete needs a bank: its name or its database id (memmesh memory list shows them)")
         rec = None
-        if NAME_RE.match(ref) or DB_ID_RE.match(ref):  # anything else names no bank (and storage refuses NUL)
+        if NAME_RE.fullmatch(ref) or DB_ID_RE.fullmatch(ref):  # anything else names no bank (and storage refuses NUL)
             rec = self.registry.bank(ref) or next((b for b in self.registry.banks() if b.db_id == ref), None)
         if rec is None:
             raise UnknownName(f"no registered bank {clean(repr(ref), 80)}; `memmesh memory list` shows them")

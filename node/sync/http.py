@@ -7,7 +7,8 @@ served (the event loop never waits on one connection), and one that goes away mi
 400 nobody reads (one access-log line, no traceback). The bytes of bodies held at once by all
 connections are bounded (``BUDGET``). The protocol runs as steps (``SyncServer.steps``): the
 database steps on the node's database thread (``run``), each submitted anew so that other work
-runs between the slices of a long push; decoding on a decoder thread, a few bodies at a time.
+runs between the slices of a long push; decoding on one decoder thread, one body at a time,
+with at most a few decoded requests held at once.
 
 Client: ``HttpTransport`` sends a signed request to an address hint ``http:<host>:<port>`` and
 returns the status, headers and body, bounded in size and time; ``run_exchange`` drives one

@@ -55,13 +55,12 @@ def pack(obj: Mapping[str, Any]) -> bytes:
 # type can take, and a container is refused from its header (its element count and kind)
 # before anything inside it is built: what is built is at most what the type can hold, and
 # every built object took at least one byte of the body.
+@dataclass(frozen=True, slots=True)
 class Arr:
     """A list of at most ``limit`` items, each of shape ``item`` (None: a scalar)."""
 
-    __slots__ = ("limit", "item")
-
-    def __init__(self, limit: int, item: Any = None) -> None:
-        self.limit, self.item = limit, item
+    limit: int
+    item: Any = None
 
 
 class Tup:
@@ -73,13 +72,12 @@ class Tup:
         self.items = items
 
 
+@dataclass(frozen=True, slots=True)
 class MapOf:
     """A map of at most ``limit`` scalar keys to values of shape ``value``."""
 
-    __slots__ = ("limit", "value")
-
-    def __init__(self, limit: int, value: Any = None) -> None:
-        self.limit, self.value = limit, value
+    limit: int
+    value: Any = None
 
 
 class Fields:

@@ -89,8 +89,11 @@ async def _one(node: "Node", transport: HttpTransport, client: Client, db, key: 
 
         await run(learnt)
         await run(lambda: fence.after_exchange(node, db, key, exchange.stats))  # its own entries may be back
+        # ok, but maybe not whole: the exchange's deadline cut it (the next one goes on), or a
+        # blind repair sent the peer nothing of ours; both say so rather than pass as complete.
         return {"db": db.id, "peer": key, "address": address, "ok": True, "error": None,
-                "pulled": exchange.stats.pulled, "pushed": exchange.stats.pushed}
+                "pulled": exchange.stats.pulled, "pushed": exchange.stats.pushed,
+                "cut": exchange.stats.cut, "withheld": exchange.stats.withheld}
 
     await run(lambda: node.sync.record_failure(db.id, key, error, seen))
     return {"db": db.id, "peer": key, "address": addrs[0] if addrs else "-", "ok": False, "error": error,

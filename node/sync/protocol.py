@@ -60,9 +60,9 @@ def next_chunk(done: int, seconds: float, current: int) -> int:
 EXCHANGE_S = 60.0
 
 
-def _backoff_reply(blocked_ms: int) -> m.ErrorReply:
+def _backoff_reply(blocked_ms: int, taken: str = "") -> m.ErrorReply:
     return m.ErrorReply("sync.backoff", f"too many invalid or parked entries from this peer; retry in "
-                                        f"{blocked_ms // 1000 + 1} s")
+                                        f"{blocked_ms // 1000 + 1} s{taken}")
 
 
 @dataclass(frozen=True)
@@ -277,8 +277,12 @@ class SyncServer:
             duplicates += result.duplicates
             blocked = self.backoff.blocked_for(caller.key, now)
             if blocked and i < len(entries):
-                # What was taken in stays; the rest is not looked at (the pusher sends it again).
-                return 429, _backoff_reply(blocked)
+                # What was taken in stays, and the pusher is told what it was and why it was cut;
+                # the rest is not looked at (the pusher sends it again).
+                why = ", ".join(f"{r} {n}" for r, n in sorted(refused.items())) or "none"
+                return 429, _backoff_reply(blocked, f" (of this push's {len(entries)} entries, {i} were looked at: "
+                                                    f"{stored} stored, {pending} parked, {duplicates} already "
+                                                    f"held; refused: {why})")
         return 200, m.PushReply(stored, pending, duplicates, refused)
 
     def _dispatch(self, op: str, request: Any, caller: Caller, now: int) -> Generator[str, None, tuple[int, Any]]:
@@ -422,6 +426,7 @@ class Exchange:
         self._sent: int = 0  # how many of _to_push the last push request carried
         self._page: Any = None  # the pulled page being taken in (``work``), and what is left of it
         self._inbox: list[Any] = []
+        self._next = 0  # how much of _inbox has been taken in
         self._chunk = PUSH_SLICE_ENTRIES  # entries per ingest call, sized to the rate (next_chunk)
         self._blinded = False  # the last pull request told the peer nothing of ours
 
@@ -487,7 +492,7 @@ class Exchange:
             if reply.entries:
                 self.stats.bytes_in += sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in reply.entries)
             self._page = reply
-            self._inbox = list(reply.entries)
+            self._inbox, self._next = reply.entries, 0
             self.work()
         elif self._stage == "push":
             self.stats.pages += 1
@@ -510,8 +515,9 @@ class Exchange:
         time), so that a large page never holds the database thread for long: a driver calls it
         again, as a new job, while it returns True. ``next_message`` finishes what is left."""
         started = time.monotonic()
-        while self._inbox:
-            chunk, self._inbox = self._inbox[:self._chunk], self._inbox[self._chunk:]
+        while self._next < len(self._inbox):
+            chunk = self._inbox[self._next:self._next + self._chunk]
+            self._next += len(chunk)
             try:
                 t0 = time.monotonic()
                 result = self.db.ingest(chunk, source=f"peer:{self.peer}")
@@ -519,14 +525,14 @@ class Exchange:
             except StorageError as exc:
                 # The exchange fails like any sync failure (the link's status says why);
                 # what the page held that was not stored, the next exchange pulls again.
-                self._inbox, self._page = [], None
+                self._inbox, self._next, self._page = [], 0, None
                 raise SyncError("sync.storage", f"could not store what {self.peer} sent: {exc}") from exc
             self.stats.pulled += len(result.accepted) + len(result.stored_rejected)
             self._page_stored += len(result.accepted) + len(result.stored_rejected) + len(result.filled)
             self.stats.pulled_pending += len(result.pending)
             for _id, reason, _detail in result.rejected:
                 self.stats.pulled_refused[reason] = self.stats.pulled_refused.get(reason, 0) + 1
-            if self._inbox and time.monotonic() - started >= SLICE_S:
+            if self._next < len(self._inbox) and time.monotonic() - started >= SLICE_S:
                 return True
         if self._page is not None:
             self._page_done(self._page)

@@ -18,7 +18,7 @@ reach, and LAN discovery can find it by that key when the address hint is stale.
 
 Invites of older versions did grant the invite key Read: every write here that touches a bank's
 invites (share, redeem, unshare, delete) revokes such grants in the same or one more entry, and
-``is_invite_key`` keeps this node from serving or pushing to those keys meanwhile.
+``readers.refusal`` keeps this node from serving or pushing to those keys meanwhile.
 
 An Admin given by a ticket is always weaker (a higher priority number) than its issuer.
 Every input of a share is checked before anything is written. Nothing is written on the
@@ -66,13 +66,6 @@ class ShareError(MemmeshError):
 
 def _perm_rank(perm: str) -> int:
     return {ADMIN: 0, WRITE: 1, READ_LEVEL: 2}[perm]
-
-
-def is_invite_key(node: "Node", key: str) -> bool:
-    """Whether ``key`` is an invite key this node issued (used, ended or not): such a key may
-    only redeem its invite, so nothing is ever served or pushed to it, whatever an older
-    version granted it in the settings."""
-    return node.sync.is_invite(key)
 
 
 # ----------------------------------------------------------------------------- issuing
@@ -260,8 +253,8 @@ def redeem(node: "Node", db_id: str, caller: str, text: str, perm: str, proof: b
     if _perm_rank(perm) < _perm_rank(ticket.perm):
         raise TicketRejected("ticket.permission", f"this ticket gives at most {ticket.perm}, not {perm}")
     if not node.sync.is_shared(db_id) or db_id not in node.database_ids():
-        # An invite outstanding on an unshared bank (only an older version left one): it ends.
-        invite.ended = "unshared"
+        # An invite outstanding on an unshared or deleted bank (only an older version left one): it ends.
+        invite.ended = "unshared" if db_id in node.database_ids() else "deleted"
         node.sync.put_invite(ticket.invite, invite)
         raise TicketRejected(ENDED, "the issuer no longer shares this bank, which ended this invite; "
                                     "ask the issuer for a new ticket")

@@ -313,7 +313,7 @@ class BearerGuard:
         server = scope.get("server")
         if len(hosts) != 1 or not host_allowed(hosts[0], tuple(server) if server else None):
             await _refuse(send, 421, "misdirected_request", "the Host header does not name this MCP server; use the "
-                                                            "address it listens on (or localhost) with its port")
+                                                            "address it listens on (or localhost)")
             return
         given = dict(headers).get(b"authorization", b"").decode("latin-1")
         scheme, _, value = given.partition(" ")

@@ -189,13 +189,15 @@ def test_parameters_nested_past_the_bound_are_refused_on_every_transport():
 # ---------------------------------------------------------------------- the Host header
 def test_the_host_check_is_strict_and_takes_every_spelling_of_this_address():
     v4, v6 = ("127.0.0.1", 7412), ("::1", 7412, 0, 0)
+    # Any port: a port forward (ssh -L 9000:127.0.0.1:7412) or a local proxy names its own.
     for host in ("localhost:7412", "LOCALHOST:7412", "localhost.:7412", "127.0.0.1:7412", "[::1]:7412",
-                 "[0:0:0:0:0:0:0:1]:7412", "[::ffff:127.0.0.1]:7412", "[::FFFF:7f00:1]:7412"):
+                 "[0:0:0:0:0:0:0:1]:7412", "[::ffff:127.0.0.1]:7412", "[::FFFF:7f00:1]:7412",
+                 "127.0.0.1:7413", "localhost:9000", "localhost", "127.0.0.1", "[::1]"):
         assert host_allowed(host, v4) and host_allowed(host, v6), host
-    for host in ("localhost", "127.0.0.1", "a@127.0.0.1:7412", "127.1:7412", "2130706433:7412",
+    for host in ("a@127.0.0.1:7412", "127.1:7412", "2130706433:7412",
                  "127.000.0.1:7412", "[127.0.0.1]:7412", "::1:7412", "[::1%lo]:7412", "localhost..:7412",
                  "127.0.0.1.:7412", "127.0.0.2:7412", "[::2]:7412", "evil.example:7412", "127.0.0.1:7412, evil",
-                 "127.0.0.1:+7412", "127.0.0.1:7413", ""):
+                 "127.0.0.1:+7412", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:٧٤١٢", ""):
         assert not host_allowed(host, v4) and not host_allowed(host, v6), host
 
 
@@ -414,12 +416,12 @@ async def test_the_mcp_http_door_applies_the_apis_host_rule_before_the_token():
         return sent[0]["status"] if sent else 200
 
     # The SDK's own check takes "127.0.0.1:*" as a prefix: these passed it.
-    for host in (b"127.0.0.1:7413@evil.example", b"127.0.0.1:7413/x", b"127.0.0.1:7414", b"evil.example:7413",
+    for host in (b"127.0.0.1:7413@evil.example", b"127.0.0.1:7413/x", b"127.0.0.2:7413", b"evil.example:7413",
                  [b"127.0.0.1:7413", b"evil.example:7413"], []):
         assert await answer(host) == 421, host
         assert await answer(host, b"wrong") == 421, host  # before the token is looked at
     assert reached == []
-    for host in (b"127.0.0.1:7413", b"localhost:7413", b"[::1]:7413"):
+    for host in (b"127.0.0.1:7413", b"localhost:7413", b"[::1]:7413", b"127.0.0.1:9000"):  # a port forward's
         assert await answer(host) == 200 and reached[-1] == host.decode()
         assert await answer(host, b"wrong") == 401
 

@@ -3,7 +3,7 @@
     app = build_app(run, token)      # run(name, params) -> Result, awaited (serve's runner)
 
 Per request, in order: the Host header (every route: it must name the address the request
-arrived on, or a localhost form of it with the same port; else 421, so a page a browser loaded
+arrived on, or a localhost form of it, with any port; else 421, so a page a browser loaded
 from another site by DNS rebinding reaches nothing, not even the public routes), the bearer
 token (every route but ``GET /v1/openapi.json``, the page's files and ``GET /v1/health``;
 compared in constant time), the body (at most MAX_BODY_BYTES and MAX_JSON_DEPTH,
@@ -163,20 +163,22 @@ async def _host(request: web.Request, handler: Callable[[web.Request], Awaitable
     if not host_allowed(given, sockname):
         shown = given if given.isprintable() and len(given) <= 80 else repr(given[:80])
         raise HttpError(errors.MISDIRECTED, f"the Host header {shown!r} does not name this API; use the address it "
-                                            "listens on (or localhost, 127.0.0.1, [::1]) with its port")
+                                            "listens on (or localhost, 127.0.0.1, [::1])")
     return await handler(request)
 
 
 def host_allowed(host: str, sockname: Any) -> bool:
     """Whether a Host header value names the local address ``sockname`` (the socket's own
-    address, a tuple) or a localhost form of it, with the same port."""
+    address, a tuple) or a localhost form of it. Any well-formed port passes: a rebinding page
+    is told apart by its host name, never by a port, and a port forward (``ssh -L 9000:...``,
+    a local proxy) puts its own port in the Host header."""
     if not sockname or not isinstance(sockname, tuple):
         return False
-    local, port = str(sockname[0]), int(sockname[1])
+    local = str(sockname[0])
     name, _, given_port = host.strip().lower().rpartition(":")
-    if not name or "]" in given_port:  # no port (or a bare IPv6 literal): only port 80 is implied
+    if not name or "]" in given_port:  # no port (or a bare IPv6 literal)
         name, given_port = host.strip().lower(), "80"
-    if not given_port.isascii() or not given_port.isdigit() or int(given_port) != port:
+    if not given_port.isascii() or not given_port.isdigit() or not 0 < int(given_port) < 65536:
         return False
     if name in LOCAL_HOSTS or name == "localhost.":  # the root-anchored name is localhost too (RFC 6761)
         return True

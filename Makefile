@@ -23,7 +23,7 @@ test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"
 
 demo: venv
-	$(BIN)/python -m node.demo
+	$(BIN)/python -m memmesh.node.demo
 
 # Benchmarks print a table and write JSON under bench/results/ (see docs/benchmarks.md).
 bench: venv

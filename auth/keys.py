@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
 
-from auth.b64url import b64url_decode, b64url_encode
-from auth.errors import KeyFormatError
+from memmesh.auth.b64url import b64url_decode, b64url_encode
+from memmesh.auth.errors import KeyFormatError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,

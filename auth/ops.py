@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from auth.errors import AuthError, KeyFormatError
-from auth.keys import PublicKey
-from auth.permissions import LEVELS, MAX_PRIORITY, READ_LEVEL, Permission
+from memmesh.auth.errors import AuthError, KeyFormatError
+from memmesh.auth.keys import PublicKey
+from memmesh.auth.permissions import LEVELS, MAX_PRIORITY, READ_LEVEL, Permission
 
 BAD_OP = "auth.bad_op"
 

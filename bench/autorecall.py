@@ -79,15 +79,15 @@ from tqdm import tqdm  # noqa: E402
 from _common import HELD_OUT, load_messages, machine, make_queries, pct  # noqa: E402
 from recall import ROWS_PER_ENTRY, git_state, log, make_memories  # noqa: E402
 
-from node import Node  # noqa: E402
-from node.memory.agents import Agent  # noqa: E402
-from node.memory.embedders import EmbedderConfig  # noqa: E402
-from node.memory.framing import missing_line  # noqa: E402
-from node.memory.labels import labels_of  # noqa: E402
-from node.memory.rows import MAX_VALUE_CHARS, MEMORY_STORE, embedding_value, memory_value  # noqa: E402
-from node.memory.service import SEARCH_THREADS, MemoryService  # noqa: E402
-from node.memory.tokens import autorecall_query_tokens  # noqa: E402
-from node.memory.view import MemoryView  # noqa: E402
+from memmesh.node import Node  # noqa: E402
+from memmesh.node.memory.agents import Agent  # noqa: E402
+from memmesh.node.memory.embedders import EmbedderConfig  # noqa: E402
+from memmesh.node.memory.framing import missing_line  # noqa: E402
+from memmesh.node.memory.labels import labels_of  # noqa: E402
+from memmesh.node.memory.rows import MAX_VALUE_CHARS, MEMORY_STORE, embedding_value, memory_value  # noqa: E402
+from memmesh.node.memory.service import SEARCH_THREADS, MemoryService  # noqa: E402
+from memmesh.node.memory.tokens import autorecall_query_tokens  # noqa: E402
+from memmesh.node.memory.view import MemoryView  # noqa: E402
 
 AGENT = "alpha"
 WARMUP = 20

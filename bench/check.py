@@ -34,13 +34,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crdt.entry import client_id_for, sign_entry  # noqa: E402
-from crdt.storage import StoredEntry  # noqa: E402
-from crdt.yjs import encode_rows  # noqa: E402
-from node import Node  # noqa: E402
-from node.integrity import check_home  # noqa: E402
-from node.integrity.entries import rebuild, verify  # noqa: E402
-from node.storage import SqliteStorage  # noqa: E402
+from memmesh.crdt.entry import client_id_for, sign_entry  # noqa: E402
+from memmesh.crdt.storage import StoredEntry  # noqa: E402
+from memmesh.crdt.yjs import encode_rows  # noqa: E402
+from memmesh.node import Node  # noqa: E402
+from memmesh.node.integrity import check_home  # noqa: E402
+from memmesh.node.integrity.entries import rebuild, verify  # noqa: E402
+from memmesh.node.storage import SqliteStorage  # noqa: E402
 
 from core import TEXT, bench_verify, machine  # noqa: E402
 

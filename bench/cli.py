@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MEMMESH = [sys.executable, "-m", "node.cli"]
+MEMMESH = [sys.executable, "-m", "memmesh.node.cli"]
 TARGET_S = 0.25
 TARGET_RATIO = 3.0
 

@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from auth.keys import DOMAIN_ENTRY, SigningKey  # noqa: E402
-from auth.ops import GrantOp  # noqa: E402
-from crdt.database import Database  # noqa: E402
-from crdt.yjs import decode_append_update, encode_rows  # noqa: E402
-from node.storage import SqliteStorage  # noqa: E402
+from memmesh.auth.keys import DOMAIN_ENTRY, SigningKey  # noqa: E402
+from memmesh.auth.ops import GrantOp  # noqa: E402
+from memmesh.crdt.database import Database  # noqa: E402
+from memmesh.crdt.yjs import decode_append_update, encode_rows  # noqa: E402
+from memmesh.node.storage import SqliteStorage  # noqa: E402
 from _common import machine  # noqa: E402,F401  (re-exported: other benches import it from here)
 
 TEXT = ("The deploy process uses nix build and then copies the closure to prod; "

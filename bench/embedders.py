@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine  # noqa: E402
 
-from node.memory.embedders import HashedEmbedder, LocalOnnxEmbedder, local_model_problem  # noqa: E402
+from memmesh.node.memory.embedders import HashedEmbedder, LocalOnnxEmbedder, local_model_problem  # noqa: E402
 
 # (memory, paraphrased query)
 PAIRS: list[tuple[str, str]] = [

@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import machine, need  # noqa: E402
-from node.memory.hygiene import RULES, detect, normalise  # noqa: E402
+from memmesh.node.memory.hygiene import RULES, detect, normalise  # noqa: E402
 from tests.oracles import detect_unanchored  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / ".cache"

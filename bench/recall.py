@@ -124,17 +124,17 @@ from _common import (  # noqa: E402
 )
 from core import machine  # noqa: E402
 
-from auth.keys import SigningKey  # noqa: E402
-from crdt.database import Database  # noqa: E402
-from node.commands.tools import RecallArgs  # noqa: E402
-from node.memory.bm25 import InvertedIndex  # noqa: E402
-from node.memory.bm25 import _release_freed_memory as release_freed_memory  # noqa: E402
-from node.memory.embedders import EmbedderConfig, HashedEmbedder, default_provider, make_embedder  # noqa: E402
-from node.memory.rows import MEMORY_STORE, check_time, embedding_value, iso_utc, memory_value  # noqa: E402
-from node.memory.timeline import current_in, held_at  # noqa: E402
-from node.memory.tokens import document_text, tokenize  # noqa: E402
-from node.memory.view import MemoryView  # noqa: E402
-from node.storage import SqliteStorage  # noqa: E402
+from memmesh.auth.keys import SigningKey  # noqa: E402
+from memmesh.crdt.database import Database  # noqa: E402
+from memmesh.node.commands.tools import RecallArgs  # noqa: E402
+from memmesh.node.memory.bm25 import InvertedIndex  # noqa: E402
+from memmesh.node.memory.bm25 import _release_freed_memory as release_freed_memory  # noqa: E402
+from memmesh.node.memory.embedders import EmbedderConfig, HashedEmbedder, default_provider, make_embedder  # noqa: E402
+from memmesh.node.memory.rows import MEMORY_STORE, check_time, embedding_value, iso_utc, memory_value  # noqa: E402
+from memmesh.node.memory.timeline import current_in, held_at  # noqa: E402
+from memmesh.node.memory.tokens import document_text, tokenize  # noqa: E402
+from memmesh.node.memory.view import MemoryView  # noqa: E402
+from memmesh.node.storage import SqliteStorage  # noqa: E402
 
 SIZES = {1_000: "1k", 10_000: "10k", 100_000: "100k"}
 ROWS_PER_ENTRY = 200
@@ -611,8 +611,8 @@ def bench_neighbors(tmp: Path, mems: list[Mem], n: int, seed: int) -> dict:
     "neighbors", {"key": k, "depth": d})`` from random keys, d = 1 and 2, after a warm-up (the
     first call builds both views). Checked: the depth-1 neighbours of a few starts equal what a
     scan of every current row of both memories finds."""
-    from node import Node
-    from node.memory.backlinks import split_target
+    from memmesh.node import Node
+    from memmesh.node.memory.backlinks import split_target
 
     rnd = random.Random(seed)
     tmp.mkdir(parents=True, exist_ok=True)

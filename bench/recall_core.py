@@ -69,10 +69,10 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_common.py
 
-from node.memory.bm25 import InvertedIndex  # noqa: E402
-from node.memory.fusion import rrf  # noqa: E402
-from node.memory.tokens import tokenize  # noqa: E402
-from node.memory.vectors import VectorIndex  # noqa: E402
+from memmesh.node.memory.bm25 import InvertedIndex  # noqa: E402
+from memmesh.node.memory.fusion import rrf  # noqa: E402
+from memmesh.node.memory.tokens import tokenize  # noqa: E402
+from memmesh.node.memory.vectors import VectorIndex  # noqa: E402
 
 from _common import (  # noqa: E402
     HELD_OUT,

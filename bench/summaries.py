@@ -108,10 +108,10 @@ sys.path.insert(0, str(HERE))
 import numpy as np  # noqa: E402
 
 from _common import machine, need, pct  # noqa: E402
-from node.history.pyramid import summarise_level1  # noqa: E402
-from node.history.summary import DEFAULT_RATIO, budget_for, rank, select, split_sentences, summarise, word_count  # noqa: E402
-from node.history.summary import fill as summary_fill  # noqa: E402
-from node.memory.tokens import STOPWORDS, tokenize  # noqa: E402
+from memmesh.node.history.pyramid import summarise_level1  # noqa: E402
+from memmesh.node.history.summary import DEFAULT_RATIO, budget_for, rank, select, split_sentences, summarise, word_count  # noqa: E402
+from memmesh.node.history.summary import fill as summary_fill  # noqa: E402
+from memmesh.node.memory.tokens import STOPWORDS, tokenize  # noqa: E402
 
 CACHE = HERE / ".cache"
 LOCOMO_FILE = CACHE / "locomo10.json"
@@ -432,14 +432,14 @@ class Ops:
     functions those commands call; the JSON says which)."""
 
     def __init__(self, node: Any, via: str = "commands") -> None:
-        from node.commands import REGISTRY
+        from memmesh.node.commands import REGISTRY
 
         self.node = node
         self.via = via
         if via == "commands":
             try:
                 # Registers the commands even before node/commands/__init__.py imports the module.
-                import node.commands.history  # noqa: F401
+                import memmesh.node.commands.history  # noqa: F401
                 for name in ("history.add", "history.compact", "history.window"):
                     REGISTRY.get(name)
             except Exception:  # noqa: BLE001 - ImportError, UnknownCommand: not landed yet
@@ -452,7 +452,7 @@ class Ops:
         if self.via == "commands":
             self.node.run("history.add", {"agent": AGENT, "session": session, "role": role, "text": text})
         else:
-            from node.history.service import add_turn
+            from memmesh.node.history.service import add_turn
             a = self._agent()
             add_turn(a.db, a.key, session, role, text)
 
@@ -460,7 +460,7 @@ class Ops:
         if self.via == "commands":
             self.node.run("history.compact", {"agent": AGENT})
         else:
-            from node.history.service import compact
+            from memmesh.node.history.service import compact
             a = self._agent()
             compact(a.db, a.key)
 
@@ -468,14 +468,14 @@ class Ops:
         if self.via == "commands":
             data = self.node.run("history.window", {"agent": AGENT, "session": session, "budget": budget}).data
         else:
-            from node.history.service import window
+            from memmesh.node.history.service import window
             data = window(self._agent().db, session, budget)
         return data if isinstance(data, dict) else {"text": str(data)}
 
 
 def distinct_messages(n: int, seed: int) -> list[str]:
     chitchat = need("chitchat_dataset", "chitchat-dataset", "summaries")
-    from node.history.record import MAX_TEXT_CHARS
+    from memmesh.node.history.record import MAX_TEXT_CHARS
 
     # A few Chit-Chat messages are longer than a turn may be (history.add refuses them).
     msgs = [m for m in chitchat.MessageDataset() if m.strip() and len(m) <= MAX_TEXT_CHARS]
@@ -490,7 +490,7 @@ def distinct_messages(n: int, seed: int) -> list[str]:
 def bulk_session(node: Any, session: str, texts: Sequence[str], per_entry: int = 200) -> float:
     """Write a long session's turn and text rows directly, ``per_entry`` turns per signed
     entry (the rows ``add_turn`` writes, without its per-turn compaction); seconds taken."""
-    from node.history.record import HISTORY_STORE, TEXT_STORE, text_hash, text_value, turn_value
+    from memmesh.node.history.record import HISTORY_STORE, TEXT_STORE, text_hash, text_value, turn_value
 
     a = node.agents.agent(AGENT)
     t0 = time.perf_counter()
@@ -525,7 +525,7 @@ def time_windows(ops: Ops, session: str, budget: int, n: int) -> dict[str, Any]:
 
 
 def fresh_node(home: Path) -> Any:
-    from node.library import Node
+    from memmesh.node.library import Node
 
     node = Node.open(home)
     node.run("embedder.set", {"provider": "none"})
@@ -553,7 +553,7 @@ def speed(n_turns: int, session_turns: int, long_turns: int, long_adds: int, win
     """history.add throughput over ``n_turns`` turns and history.window on a ``long_turns``
     session, each in its own node (the texts are distinct within each, as Chit-Chat has only
     about 130k distinct messages)."""
-    from node.library import Node
+    from memmesh.node.library import Node
 
     texts = distinct_messages(max(n_turns, long_turns + long_adds), seed)
     out: dict[str, Any] = {"turns": n_turns, "session_turns": session_turns, "window_budgets_chars": budgets}

@@ -56,10 +56,10 @@ import numpy as np  # noqa: E402
 
 from core import bench_verify  # noqa: E402
 from _common import machine  # noqa: E402
-from auth.errors import MemmeshError  # noqa: E402
-from node import Node  # noqa: E402
-from node.control import SERVE_JSON, remote  # noqa: E402
-from node.memory.rows import MEMORY_STORE, memory_value  # noqa: E402
+from memmesh.auth.errors import MemmeshError  # noqa: E402
+from memmesh.node import Node  # noqa: E402
+from memmesh.node.control import SERVE_JSON, remote  # noqa: E402
+from memmesh.node.memory.rows import MEMORY_STORE, memory_value  # noqa: E402
 from tests.faultproxy import Proxy  # noqa: E402
 
 POLL_MS = 2.0  # how often B is asked for the row (live latency)
@@ -101,7 +101,7 @@ import os, sys
 prof_dir = os.environ.get("MM_BENCH_PROFILE")
 if prof_dir:
     import cProfile
-    from node import worker as _w
+    from memmesh.node import worker as _w
 
     _name = os.path.basename(sys.argv[sys.argv.index("--home") + 1])
     _loop = _w.DbThread._loop
@@ -118,7 +118,7 @@ if prof_dir:
     _w.DbThread._loop = _profiled_loop
     main_prof = cProfile.Profile()
     main_prof.enable()
-from node.cli import main
+from memmesh.node.cli import main
 try:
     code = main(sys.argv[1:])
 finally:

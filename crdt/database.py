@@ -40,23 +40,23 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pycrdt
 
-from auth.keys import SigningKey
-from auth.ops import GrantOp, RevokeOp
-from auth.permissions import Permission, holds
-from crdt.clock import now_ms
-from crdt.entry import Entry, decode_entry, id_of, sign_entry
-from crdt.erasure import ERASE, UNERASABLE, EraseOp
-from crdt.errors import AuthError, DamagedError, MemmeshError, RejectedError, StorageError
-from crdt.pending import PendingArea, PendingLimits
-from crdt.refusals import Refusal, RefusalLog
-from crdt.storage import Storage, StoredEntry
-from crdt.stored_check import Damage, check_stored
-from crdt.validity import AuthSettings, Evaluator, Verdict
-from crdt.yjs import Row, decode_append_update, encode_rows
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.ops import GrantOp, RevokeOp
+from memmesh.auth.permissions import Permission, holds
+from memmesh.crdt.clock import now_ms
+from memmesh.crdt.entry import Entry, decode_entry, id_of, sign_entry
+from memmesh.crdt.erasure import ERASE, UNERASABLE, EraseOp
+from memmesh.crdt.errors import AuthError, DamagedError, MemmeshError, RejectedError, StorageError
+from memmesh.crdt.pending import PendingArea, PendingLimits
+from memmesh.crdt.refusals import Refusal, RefusalLog
+from memmesh.crdt.storage import Storage, StoredEntry
+from memmesh.crdt.stored_check import Damage, check_stored
+from memmesh.crdt.validity import AuthSettings, Evaluator, Verdict
+from memmesh.crdt.yjs import Row, decode_append_update, encode_rows
 
-from crdt.derived import DerivedState
-from crdt.ingest import Ingestion
-from crdt.records import (  # noqa: F401  (re-exported: the database's public records)
+from memmesh.crdt.derived import DerivedState
+from memmesh.crdt.ingest import Ingestion
+from memmesh.crdt.records import (  # noqa: F401  (re-exported: the database's public records)
     MAX_UNACCEPTED_BYTES, MAX_UNACCEPTED_ENTRIES, META, SETTINGS, STORE_NAME_CHARS, IngestResult, Outcome, Rebuilt,
     Refused,
     RowRecord, RowsAdded, _client, _gc_paused, _op_value, _perm_text, _Stored, _with_payloads, check_payload_shape,

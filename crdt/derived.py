@@ -7,11 +7,11 @@ from typing import Mapping, Sequence
 
 import pycrdt
 
-from auth.permissions import ADMIN, WRITE
-from crdt.validity import Evaluator, Event
-from crdt.yjs import Row, decode_append_update
+from memmesh.auth.permissions import ADMIN, WRITE
+from memmesh.crdt.validity import Evaluator, Event
+from memmesh.crdt.yjs import Row, decode_append_update
 
-from crdt.records import META, RowRecord, RowsAdded, _Stored, _apply_to
+from memmesh.crdt.records import META, RowRecord, RowsAdded, _Stored, _apply_to
 
 
 class DerivedState:

@@ -24,9 +24,9 @@ from typing import Mapping, Sequence
 
 import msgpack
 
-from auth.keys import DOMAIN_ENTRY, SigningKey, public_key_str, verify
-from crdt import verifystats
-from crdt.errors import EntryRejected
+from memmesh.auth.keys import DOMAIN_ENTRY, SigningKey, public_key_str, verify
+from memmesh.crdt import verifystats
+from memmesh.crdt.errors import EntryRejected
 
 FORMAT_VERSION = 1
 ID_PREFIX = "sha256:"

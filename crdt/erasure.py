@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from auth.errors import AuthError
-from auth.ops import check_key
-from crdt.entry import id_to_raw
-from crdt.errors import EntryRejected
+from memmesh.auth.errors import AuthError
+from memmesh.auth.ops import check_key
+from memmesh.crdt.entry import id_to_raw
+from memmesh.crdt.errors import EntryRejected
 
 ERASE = "_erase"
 SETTINGS = "_settings"

@@ -7,7 +7,7 @@ use, plus a human sentence in ``str(err)``.
 from __future__ import annotations
 
 
-from auth.errors import AuthError, KeyFormatError, MemmeshError, RejectedError
+from memmesh.auth.errors import AuthError, KeyFormatError, MemmeshError, RejectedError
 
 __all__ = [
     "MemmeshError", "RejectedError", "AuthError", "KeyFormatError", "UpdateRejected",

@@ -9,23 +9,23 @@ from collections import deque
 from typing import Callable, Iterable, Mapping, Sequence
 
 
-from auth.ops import GrantOp, RevokeOp
-from auth.permissions import ADMIN, WRITE, holds
-from crdt.entry import Entry, decode_entry, decode_many, id_of
-from crdt.erasure import UNERASABLE, EraseOp
-from crdt.errors import AuthError, EntryRejected, MemmeshError, PendingFullError, RejectedError, StorageError
-from crdt.storage import StoredEntry
-from crdt.validity import Event
-from crdt.yjs import Row
+from memmesh.auth.ops import GrantOp, RevokeOp
+from memmesh.auth.permissions import ADMIN, WRITE, holds
+from memmesh.crdt.entry import Entry, decode_entry, decode_many, id_of
+from memmesh.crdt.erasure import UNERASABLE, EraseOp
+from memmesh.crdt.errors import AuthError, EntryRejected, MemmeshError, PendingFullError, RejectedError, StorageError
+from memmesh.crdt.storage import StoredEntry
+from memmesh.crdt.validity import Event
+from memmesh.crdt.yjs import Row
 
-from crdt.records import (  # noqa: I001
+from memmesh.crdt.records import (  # noqa: I001
     _NO_PAYLOADS,
     MAX_UNACCEPTED_BYTES, MAX_UNACCEPTED_ENTRIES, IngestResult, Outcome, Rebuilt, Refused, _gc_paused, _Stored,
     _stored,
     _with_payloads, check_payload_shape, valid_store_name,
 )
 
-log = logging.getLogger("crdt.database")
+log = logging.getLogger("memmesh.crdt.database")
 
 
 def _notify(listener: Callable[..., None], what: object) -> None:

@@ -20,9 +20,9 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from crdt.clock import now_ms
-from crdt.errors import StorageError
-from crdt.storage import PendingRecord, Storage, StoredEntry
+from memmesh.crdt.clock import now_ms
+from memmesh.crdt.errors import StorageError
+from memmesh.crdt.storage import PendingRecord, Storage, StoredEntry
 
 MiB = 1024 * 1024
 

@@ -13,14 +13,14 @@ from typing import Any, Iterator, Mapping
 
 import pycrdt
 
-from auth.keys import SigningKey
-from auth.ops import GrantOp, RevokeOp, parse_op
-from auth.permissions import Permission
-from crdt.entry import Entry, StoreDescriptor
-from crdt.erasure import ERASE, EraseOp, parse_erase
-from crdt.errors import EntryRejected
-from crdt.storage import StoredEntry
-from crdt.yjs import Row, check_append, decode_append_update, encode_gc
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.ops import GrantOp, RevokeOp, parse_op
+from memmesh.auth.permissions import Permission
+from memmesh.crdt.entry import Entry, StoreDescriptor
+from memmesh.crdt.erasure import ERASE, EraseOp, parse_erase
+from memmesh.crdt.errors import EntryRejected
+from memmesh.crdt.storage import StoredEntry
+from memmesh.crdt.yjs import Row, check_append, decode_append_update, encode_gc
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def _never(_key: str) -> bool:
 
 
 def _client(key: SigningKey) -> int:
-    from crdt.entry import client_id_for
+    from memmesh.crdt.entry import client_id_for
 
     return client_id_for(key.public.raw)
 

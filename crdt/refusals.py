@@ -15,8 +15,8 @@ from typing import Mapping
 
 import msgpack
 
-from crdt import clock
-from crdt.storage import Storage
+from memmesh.crdt import clock
+from memmesh.crdt.storage import Storage
 
 DEFAULT_CAPACITY = 1024
 MAX_DETAIL = 400

@@ -65,7 +65,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from crdt.errors import PendingFullError, StorageError
+from memmesh.crdt.errors import PendingFullError, StorageError
 
 __all__ = [
     "DEFAULT_MAX_PENDING",

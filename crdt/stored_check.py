@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crdt.entry import Entry, decode_entry, id_of
-from crdt.errors import RejectedError
-from crdt.storage import StoredEntry
+from memmesh.crdt.entry import Entry, decode_entry, id_of
+from memmesh.crdt.errors import RejectedError
+from memmesh.crdt.storage import StoredEntry
 
 __all__ = ["Damage", "check_stored"]
 

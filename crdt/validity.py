@@ -35,8 +35,8 @@ from bisect import insort
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from auth.ops import GrantOp, RevokeOp
-from auth.permissions import (
+from memmesh.auth.ops import GrantOp, RevokeOp
+from memmesh.auth.permissions import (
     ACTIVE,
     ADMIN,
     GRANT_EXCEEDS,

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from crdt.errors import UpdateRejected
+from memmesh.crdt.errors import UpdateRejected
 
 __all__ = [
     "MAX_DEPTH",

@@ -12,7 +12,7 @@ __all__ = ["Node"]
 
 def __getattr__(name: str) -> Any:
     if name == "Node":
-        from node.library import Node
+        from memmesh.node.library import Node
 
         return Node
     raise AttributeError(name)

@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from node.cli_args import CommandLineError, _cli, _from_json, _shape, option_flag
-from node.commands import REGISTRY, Command, ParamsError
-from node.commands.params import parse as validate
-from node.commands.registry import Registry
+from memmesh.node.cli_args import CommandLineError, _cli, _from_json, _shape, option_flag
+from memmesh.node.commands import REGISTRY, Command, ParamsError
+from memmesh.node.commands.params import parse as validate
+from memmesh.node.commands.registry import Registry
 
 PREFIXES = (("/memory",), ("!memmesh", "memory"))
 GROUP = "memory"  # the registry group whose commands are the subcommands

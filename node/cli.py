@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from auth.errors import MemmeshError
-from node.cli_args import build_parser, command_of
-from node.commands import Result, json_text
-from node.commands.registry import Event
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.cli_args import build_parser, command_of
+from memmesh.node.commands import Result, json_text
+from memmesh.node.commands.registry import Event
 
 
 class ProgressBars:
@@ -114,8 +114,8 @@ def run_command(home: Path, name: str, params: dict[str, Any], events: Any = Non
     """Run one command for ``home``: through serve when it runs there, else in this process.
 
     The parameters are checked first, so a refused command never waits for the home."""
-    from node.commands import REGISTRY
-    from node.control import refuse_if_serving, route
+    from memmesh.node.commands import REGISTRY
+    from memmesh.node.control import refuse_if_serving, route
 
     cmd = REGISTRY.get(name)
     parsed = cmd.parse(params)
@@ -127,7 +127,7 @@ def run_command(home: Path, name: str, params: dict[str, Any], events: Any = Non
     else:
         client = route(home)
     if client is None:
-        from node.library import run_in_home
+        from memmesh.node.library import run_in_home
 
         return run_in_home(home, name, params, events=events)
     with client:
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.umask(0o077)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="memmesh: %(message)s")
-    from node.home import default_home
+    from memmesh.node.home import default_home
 
     home = getattr(args, "home", None) or default_home()
     bars = ProgressBars()
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (MemmeshError, OSError) as exc:
         line, code = failure(exc)  # type: ignore[misc]
         if getattr(args, "log_json", False):  # serve --log-json: its log stays one JSON object a line
-            from node.control import json_log_line
+            from memmesh.node.control import json_log_line
 
             print(json_log_line("error", "error", message=line, exit=code), file=sys.stderr)
         else:

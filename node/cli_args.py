@@ -19,10 +19,10 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from auth.errors import MemmeshError
-from node.commands import REGISTRY, Command
-from node.commands.params import Cli, loads
-from node.commands.registry import Registry
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.commands import REGISTRY, Command
+from memmesh.node.commands.params import Cli, loads
+from memmesh.node.commands.registry import Registry
 
 COMMAND = "command"  # the dest holding the chosen command's registry name
 RESERVED = {COMMAND, "home", "json"}  # dests of the parser itself; no parameter may use one

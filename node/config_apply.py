@@ -19,15 +19,15 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from auth.errors import MemmeshError
-from auth.permissions import holds
-from node.memory.agents import Agent, agent_state
-from node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
-from node.settings import APPLIED, CONFIG_FILE, ConfigFileError, NodeConfig, applied, load_config
+from memmesh.auth.errors import MemmeshError
+from memmesh.auth.permissions import holds
+from memmesh.node.memory.agents import Agent, agent_state
+from memmesh.node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
+from memmesh.node.settings import APPLIED, CONFIG_FILE, ConfigFileError, NodeConfig, applied, load_config
 
 if TYPE_CHECKING:
-    from node.library import Node
-    from node.memory.embedders import EmbedderConfig
+    from memmesh.node.library import Node
+    from memmesh.node.memory.embedders import EmbedderConfig
 
 log = logging.getLogger("memmesh.config")
 log.addHandler(logging.NullHandler())  # a library caller without logging set up sees only the exception
@@ -128,7 +128,7 @@ def _check_names(node: "Node", cfg: NodeConfig) -> None:
 def _embedder_change(node: "Node", cfg: NodeConfig) -> tuple["EmbedderConfig", str | None] | None:
     """The embedder config (and API key) to set, None when the node's is already the one asked
     for; ConfigFileError when the key's variable is unset or the embedder cannot be built."""
-    from node.memory.embedders import EmbedderConfig, EmbedderError, make_embedder
+    from memmesh.node.memory.embedders import EmbedderConfig, EmbedderError, make_embedder
 
     e = cfg.embedding
     if e is None:

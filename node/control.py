@@ -17,7 +17,7 @@ The protocol (one HTTP/1.1 request per command over the socket):
     -> 200, application/x-ndjson, one JSON object per line:
        {"event": {"event": "progress", "bank": "notes", "done": 32, "total": 100}}   (0..n)
        {"ok": true, "data": ..., "text": "...", "warnings": [...], "exit_code": 0} (last)
-       {"ok": false, "error": "ParamsError", "type": "node.commands.params.ParamsError",
+       {"ok": false, "error": "ParamsError", "type": "memmesh.node.commands.params.ParamsError",
         "message": "...", "exit": 1}                                               (or this)
     GET /status -> {"serve": <serve.json>, "sync": <SyncService.status()>}
 
@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from auth.errors import MemmeshError
-from node.commands.result import Result
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.commands.result import Result
 
 SERVE_JSON = "serve.json"
 SERVE_SOCK = "serve.sock"
@@ -51,7 +51,6 @@ CONNECT_TIMEOUT_S = 5.0
 POLL_S = 0.05
 # sun_path holds 108 bytes on Linux (104 on macOS), the terminating NUL included.
 MAX_SOCKET_PATH = 100
-OUR_PACKAGES = ("auth", "crdt", "tickets", "node")
 
 EventSink = Callable[[dict[str, Any]], None]
 
@@ -185,7 +184,7 @@ def rebuild_error(final: dict[str, Any]) -> BaseException:
             args.append(final["filename"])
         return OSError(*args)
     module, _, qualname = str(final.get("type", "")).rpartition(".")
-    if module.split(".")[0] in OUR_PACKAGES and qualname == name:
+    if module.split(".")[0] == "memmesh" and qualname == name:  # only our own types are imported
         try:
             cls = getattr(importlib.import_module(module), qualname)
             if isinstance(cls, type) and issubclass(cls, MemmeshError):
@@ -312,7 +311,7 @@ def route(home: Path | str, *, timeout: float = 30.0, say_waiting: bool = False,
             print(json_log_line("waiting", message=text) if log_json else f"memmesh: {text}", file=sys.stderr)
             said = True
         if time.monotonic() >= deadline:
-            from node.home import HomeBusy
+            from memmesh.node.home import HomeBusy
 
             # The wording of node.home's own wait (the same situation, the same advice).
             raise HomeBusy(f"{home} is in use by process {holder} (waited {timeout:g} s); "

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from auth.errors import MemmeshError
-from node.control import read_info, remote
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.control import read_info, remote
 
-CLI = [sys.executable, "-m", "node.cli"]
+CLI = [sys.executable, "-m", "memmesh.node.cli"]
 BANK = "project-notes"
 EMBEDDER = "hashed"
 # Why that embedder, said in the output: the demo must run offline and fast on any machine.

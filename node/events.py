@@ -26,12 +26,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from crdt.clock import now_ms
-from crdt.database import SETTINGS, Database
-from crdt.records import Outcome
+from memmesh.crdt.clock import now_ms
+from memmesh.crdt.database import SETTINGS, Database
+from memmesh.crdt.records import Outcome
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 EVENT_TYPES = ("entry.accepted", "entry.refused", "peer.connected", "peer.lost", "lag.changed",
                "grant.changed", "bank.imported", "bank.shared", "bank.unshared")

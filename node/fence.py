@@ -33,14 +33,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from auth.errors import MemmeshError
-from crdt.database import Database
-from crdt.storage import Storage
-from node.file_check import clean, damaged
+from memmesh.auth.errors import MemmeshError
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import Storage
+from memmesh.node.file_check import clean, damaged
 
 if TYPE_CHECKING:
-    from node.library import Node
-    from node.sync.state import SyncState
+    from memmesh.node.library import Node
+    from memmesh.node.sync.state import SyncState
 
 log = logging.getLogger("memmesh.fence")
 

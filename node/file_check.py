@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from crdt.errors import DamagedError, StorageError
+from memmesh.crdt.errors import DamagedError, StorageError
 
 __all__ = [
     "HEADER", "Header", "check_length", "clean", "damaged", "not_sqlite", "open_error", "other_program", "read_header",

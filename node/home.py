@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from auth.errors import MemmeshError
-from auth.keys import SigningKey
-from crdt.database import Database
-from crdt.errors import DamagedError
-from node.api.token import create_token
-from node.keystore import KeyStoreError, load_key, save_key
-from node.registry import Registry
-from node.storage import SqliteStorage
+from memmesh.auth.errors import MemmeshError
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.database import Database
+from memmesh.crdt.errors import DamagedError
+from memmesh.node.api.token import create_token
+from memmesh.node.keystore import KeyStoreError, load_key, save_key
+from memmesh.node.registry import Registry
+from memmesh.node.storage import SqliteStorage
 
 STORAGE_FILE = "node.sqlite"
 KEYS_DIR = "keys"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from auth.errors import MemmeshError
-from auth.keys import SigningKey, decode_private, encode_private
+from memmesh.auth.errors import MemmeshError
+from memmesh.auth.keys import SigningKey, decode_private, encode_private
 
 
 class KeyStoreError(MemmeshError):

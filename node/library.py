@@ -1,6 +1,6 @@
 """The Python library: ``Node.open(home)``, ``node.call_tool(...)``, ``node.auto_recall(...)``.
 
-    from node import Node
+    from memmesh.node import Node
     with Node.open("/path/to/home") as node:
         node.call_tool("alpha", "remember", {"key": "k", "value": "v"})
         print(node.call_tool("alpha", "recall", {"query": "k"}))
@@ -14,15 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from node.commands import REGISTRY, EventSink, Result
-from node.fence import install as install_fence
-from node.home import Home
-from node.memory.agents import Agents
-from node.memory.embedders import Embedder, EmbedderConfig, default_provider, make_embedder
-from node.memory.service import MemoryService
-from node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
-from node.sync.state import SyncState
-from node.worker import Network
+from memmesh.node.commands import REGISTRY, EventSink, Result
+from memmesh.node.fence import install as install_fence
+from memmesh.node.home import Home
+from memmesh.node.memory.agents import Agents
+from memmesh.node.memory.embedders import Embedder, EmbedderConfig, default_provider, make_embedder
+from memmesh.node.memory.service import MemoryService
+from memmesh.node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
+from memmesh.node.sync.state import SyncState
+from memmesh.node.worker import Network
 
 
 class Node(Home):

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from auth.errors import MemmeshError
+from memmesh.auth.errors import MemmeshError
 
 __all__ = ["ACCEPT_PAUSE_S", "BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "KEEPALIVE_S", "MAX_PER_LISTENER", "MAX_PER_SOURCE",
            "RESERVED_FDS", "GuardedSite", "Limits", "LimitsError", "RequestClock", "RequestFramer", "reserve_fds",

@@ -29,7 +29,7 @@ __all__ = ["OWN_LOGGERS", "REPEAT_INTERVAL_S", "RepeatFilter"]
 
 REPEAT_INTERVAL_S = 10.0
 MAX_KEYS = 1024  # keys are code locations (message templates, event names): a few dozen in practice
-OWN_LOGGERS = ("memmesh", "node", "auth", "crdt", "tickets")
+OWN_LOGGERS = ("memmesh",)  # every logger of the package is named under memmesh.
 _DIRECTIVE = re.compile(r"%(?:\([^)]*\))?[-#0 +]*\d*(?:\.\d+)?[sdrifxXeEgGc%]")
 
 

@@ -47,14 +47,14 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
 
-from auth.errors import MemmeshError
-from node.api.app import host_allowed
-from node.api.token import matches, read_token
-from node.cli import failure, run_command
-from node.commands import ParamsError, Result
-from node.commands.tools import TOOLS, AutoRecall
-from node.control import POLL_S, remote, route
-from node.home import Home, NotInitialised, flock_within
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.api.app import host_allowed
+from memmesh.node.api.token import matches, read_token
+from memmesh.node.cli import failure, run_command
+from memmesh.node.commands import ParamsError, Result
+from memmesh.node.commands.tools import TOOLS, AutoRecall
+from memmesh.node.control import POLL_S, remote, route
+from memmesh.node.home import Home, NotInitialised, flock_within
 
 PROMPT = "relevant_memories"
 SERVE_LOG = "serve.log"  # where a serve started here writes (appended: one file per home)
@@ -118,7 +118,7 @@ def _start_serve(home: Path, timeout: float) -> int | None:
     try:
         # Its own session: the MCP client stopping this server (or its process group) must not
         # stop the serve other clients of the home use. Listen addresses come from config.yaml.
-        proc = subprocess.Popen([sys.executable, "-m", "node.cli", "--home", str(home), "serve"],
+        proc = subprocess.Popen([sys.executable, "-m", "memmesh.node.cli", "--home", str(home), "serve"],
                                 stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True)
     finally:
         os.close(log_fd)
@@ -338,7 +338,7 @@ def run_http(home: Path, agent: str, listen: str) -> None:
     """Serve MCP over Streamable HTTP on ``listen`` (a loopback address; Mcp checks it)."""
     import uvicorn
 
-    from node.serve import bind_listen
+    from memmesh.node.serve import bind_listen
 
     server = prepare(home, agent)
     token = read_token(home)  # serve made it; the agent's tools need it as the HTTP API does
@@ -354,7 +354,7 @@ def run_http(home: Path, agent: str, listen: str) -> None:
     # body, so each is timed as serve's are (node/listeners.py).
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from node.listeners import Limits, timed_protocol
+    from memmesh.node.listeners import Limits, timed_protocol
 
     limits = Limits.from_env()
     config = uvicorn.Config(app, log_config=None, access_log=False, log_level="warning",

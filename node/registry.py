@@ -10,9 +10,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from auth.errors import MemmeshError
-from crdt.storage import Storage
-from node.file_check import clean, damaged
+from memmesh.auth.errors import MemmeshError
+from memmesh.crdt.storage import Storage
+from memmesh.node.file_check import clean, damaged
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

@@ -39,11 +39,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from auth.keys import SigningKey
-from auth.permissions import ADMIN
-from crdt.database import Database, RowRecord
-from crdt.erasure import ERASE, EraseOp
-from crdt.errors import MemmeshError
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.permissions import ADMIN
+from memmesh.crdt.database import Database, RowRecord
+from memmesh.crdt.erasure import ERASE, EraseOp
+from memmesh.crdt.errors import MemmeshError
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def _compressions(db: Database, policy: Policy, now: int) -> list[Forget]:
 def _promoted(db: Database) -> tuple[set[tuple[str, tuple[str, ...]]], set[str]]:
     """The promoted methods that count (node/episodes/methods.py): their (kind, sequence) and the
     episodes recorded as their evidence."""
-    from node.episodes.methods import promoted
+    from memmesh.node.episodes.methods import promoted
 
     methods = promoted(db)
     return {(m.kind, tuple(m.sequence)) for m in methods}, {e for m in methods for e in m.evidence}

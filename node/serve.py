@@ -61,28 +61,28 @@ from typing import Any, Callable, Iterator, TextIO
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from auth.errors import MemmeshError
-from node.api.address import api_listen as resolve_api_listen
-from node.api.app import build_app
-from node.api.live import Live
-from node.api.token import ensure_token
-from node.commands import REGISTRY, Result
-from node.commands.registry import Event, Registry
-from node.commands.serving import DEFAULT_HOST, DEFAULT_PORT, parse_listen
-from node.control import SERVE_JSON, SERVE_SOCK, AlreadyServing, ServeError, read_info, refuse_if_serving, \
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.api.address import api_listen as resolve_api_listen
+from memmesh.node.api.app import build_app
+from memmesh.node.api.live import Live
+from memmesh.node.api.token import ensure_token
+from memmesh.node.commands import REGISTRY, Result
+from memmesh.node.commands.registry import Event, Registry
+from memmesh.node.commands.serving import DEFAULT_HOST, DEFAULT_PORT, parse_listen
+from memmesh.node.control import SERVE_JSON, SERVE_SOCK, AlreadyServing, ServeError, read_info, refuse_if_serving, \
     remove_files, socket_address
-from node.config_apply import reload_config
-from node.events import DatabaseWatch, EventBus
-from node.home import make_private, private_line
-from node.library import Node
-from node.sync.sharing import revoke_old_invite_grants
-from node.listeners import GuardedSite, Limits, reserve_fds
-from node.logthrottle import REPEAT_INTERVAL_S, RepeatFilter
-from node.serve_config import LiveConfig, SyncFlags
-from node.settings import ApiSpec
-from node.sync.messages import MAX_BODY_BYTES
-from node.sync.service import SyncService
-from node.worker import DbThread, Network
+from memmesh.node.config_apply import reload_config
+from memmesh.node.events import DatabaseWatch, EventBus
+from memmesh.node.home import make_private, private_line
+from memmesh.node.library import Node
+from memmesh.node.sync.sharing import revoke_old_invite_grants
+from memmesh.node.listeners import GuardedSite, Limits, reserve_fds
+from memmesh.node.logthrottle import REPEAT_INTERVAL_S, RepeatFilter
+from memmesh.node.serve_config import LiveConfig, SyncFlags
+from memmesh.node.settings import ApiSpec
+from memmesh.node.sync.messages import MAX_BODY_BYTES
+from memmesh.node.sync.service import SyncService
+from memmesh.node.worker import DbThread, Network
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "DRAIN_S", "ControlChannel", "LogFormatter", "serve", "serve_node"]
 
@@ -187,7 +187,7 @@ def _logging_to(stream: TextIO, as_json: bool) -> Iterator[logging.Handler]:
     memmesh's own at INFO, other libraries' at WARNING, repeats folded (node/logthrottle.py)."""
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
-    saved_levels = {n: logging.getLogger(n).level for n in ("memmesh", "node")}
+    saved_levels = {n: logging.getLogger(n).level for n in ("memmesh",)}
     handler = logging.StreamHandler(stream)
     handler.setFormatter(LogFormatter(as_json))
     handler.addFilter(RepeatFilter())
@@ -432,7 +432,7 @@ class ControlChannel:
 def error_line(exc: BaseException, name: str) -> dict[str, Any]:
     """The final line for a command that raised: the CLI's own mapping (node.cli.failure) of
     exceptions to a message and an exit code; anything else is a bug, logged in full."""
-    from node.cli import failure
+    from memmesh.node.cli import failure
 
     cls = type(exc)
     line: dict[str, Any] = {"ok": False, "error": cls.__name__, "type": f"{cls.__module__}.{cls.__qualname__}"}
@@ -492,13 +492,13 @@ ACCESS_BURST = 10
 def access_key(event: str, op: Any, status: Any) -> str:
     """The fold key of an access-log line: its operation (a known sync operation, else "other")
     and its status."""
-    from node.sync import messages as m
+    from memmesh.node.sync import messages as m
 
     return f"{event} {op if op in m.REQUESTS else 'other'} {status}"
 
 
 def _sync_error(code: str, message: str) -> bytes:
-    from node.sync import messages as m
+    from memmesh.node.sync import messages as m
 
     return m.pack(m.ErrorReply(code, message).encode())
 

@@ -13,12 +13,12 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
-from node.commands.serving import DEFAULT_HOST, DEFAULT_PORT
-from node.settings import ApiSpec, ConfigFileError, NodeConfig, SyncSpec, applied
+from memmesh.node.commands.serving import DEFAULT_HOST, DEFAULT_PORT
+from memmesh.node.settings import ApiSpec, ConfigFileError, NodeConfig, SyncSpec, applied
 
 if TYPE_CHECKING:
-    from node.library import Node
-    from node.sync.service import SyncService
+    from memmesh.node.library import Node
+    from memmesh.node.sync.service import SyncService
 
 log = logging.getLogger("memmesh.serve")
 RESTART_ONLY = ("listen", "advertise", "discovery")
@@ -76,7 +76,7 @@ class LiveConfig:
         """Load and apply config.yaml as serve starts (on the database thread, before it
         listens). A config that cannot be used is logged (config.error) and serve goes on with
         the last good one."""
-        from node.config_apply import reload_config
+        from memmesh.node.config_apply import reload_config
 
         with contextlib.suppress(ConfigFileError):
             reload_config(node, event="config.loaded")

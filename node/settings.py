@@ -55,12 +55,12 @@ from pydantic import (AfterValidator, BaseModel, Field, PrivateAttr, ValidationE
                       field_validator)
 from pydantic_core import PydanticCustomError
 
-from auth.errors import MemmeshError
-from node.registry import NAME_RE
-from node.strict import StrictModel
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.registry import NAME_RE
+from memmesh.node.strict import StrictModel
 
 if TYPE_CHECKING:
-    from node.home import Home
+    from memmesh.node.home import Home
 
 CONFIG_FILE = "config.yaml"
 APPLIED = "config-in-force"  # registry setting: the last config applied cleanly (JSON)
@@ -122,14 +122,14 @@ SECRET_KEYS = ("api_key_env",)  # a value there may be a key pasted by mistake: 
 def _check_listen(value: str | None) -> str | None:
     if value is not None:
         # serve's own rule for HOST:PORT; imported here because node.commands imports this module
-        from node.commands.serving import parse_listen
+        from memmesh.node.commands.serving import parse_listen
 
         parse_listen(value)
     return value
 
 
 def _check_address(value: str) -> str:
-    from tickets import parse_address  # the form tickets and peer exchange use
+    from memmesh.tickets import parse_address  # the form tickets and peer exchange use
 
     try:
         parse_address(value)
@@ -202,7 +202,7 @@ def _memory_value(key: str, raw: Any) -> Any:
     """``raw`` as the agent memory config takes it: parse_config_value is the one rule, so
     config.yaml and `memory config set` accept and refuse the same values with the same words."""
     # imported here: node.memory.agents imports half the node, which imports this module
-    from node.memory.agents import ConfigError, parse_config_value
+    from memmesh.node.memory.agents import ConfigError, parse_config_value
 
     try:
         return parse_config_value(AUTO_RECALL_KEYS[key], raw)
@@ -211,7 +211,7 @@ def _memory_value(key: str, raw: Any) -> Any:
 
 
 def _memory_default(key: str) -> Any:
-    from node.memory.agents import CONFIG_DEFAULTS
+    from memmesh.node.memory.agents import CONFIG_DEFAULTS
 
     return _memory_value(key, CONFIG_DEFAULTS[AUTO_RECALL_KEYS[key]])  # a copy, never the shared dict
 
@@ -548,7 +548,7 @@ def check_tool(node: "Home", agent: str, tool: str) -> None:
 def memory_defaults(node: "Home") -> dict[str, Any]:
     """An agent's memory config before its own `memory config set` rows: the built-in defaults
     with config.yaml's auto_recall section over them."""
-    from node.memory.agents import CONFIG_DEFAULTS
+    from memmesh.node.memory.agents import CONFIG_DEFAULTS
 
     return {**CONFIG_DEFAULTS, **applied(node).auto_recall.memory_config()}
 

@@ -57,8 +57,8 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from crdt.errors import DamagedError, DiskFullError, DiskIOError, ReadOnlyError, StorageError, WriteFailedError
-from crdt.storage import (
+from memmesh.crdt.errors import DamagedError, DiskFullError, DiskIOError, ReadOnlyError, StorageError, WriteFailedError
+from memmesh.crdt.storage import (
     DEFAULT_MAX_PENDING,
     DEFAULT_MAX_PENDING_BYTES,
     Aside,
@@ -77,9 +77,9 @@ from crdt.storage import (
     freeze_payloads,
     pending_full_error,
 )
-from node import file_check
-from node.wal_check import check_wal as check_wal_bytes
-from node.wal_check import read_wal_index
+from memmesh.node import file_check
+from memmesh.node.wal_check import check_wal as check_wal_bytes
+from memmesh.node.wal_check import read_wal_index
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStorage"]
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterator  # noqa: E402
 import pytest  # noqa: E402
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 
 # A test file's own ``home`` or ``node`` fixture overrides these; one that only adds to them takes
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """An initialised home in ``tmp_path / "node"`` with no embedder."""
-    from node.library import Node
+    from memmesh.node.library import Node
 
     h = tmp_path / "node"
     node, _ = Node.init(h)

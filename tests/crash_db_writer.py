@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.home import Home  # noqa: E402
+from memmesh.node.home import Home  # noqa: E402
 
 
 def main() -> int:

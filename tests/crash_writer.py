@@ -29,7 +29,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script from a checkout: make the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crdt.storage import StoredEntry  # noqa: E402
+from memmesh.crdt.storage import StoredEntry  # noqa: E402
 
 DB_ID = "sha256:" + "c7" * 32  # the one database the writer appends to
 STORES = ("memory", "embeddings:test/model", "meta")
@@ -72,7 +72,7 @@ class StorageTarget:
     """Appends straight to node.storage.SqliteStorage."""
 
     def __init__(self, path: str) -> None:
-        from node.storage import SqliteStorage
+        from memmesh.node.storage import SqliteStorage
 
         self.storage = SqliteStorage(path)
         # Checkpoint the WAL into the main file often (default: every 1000 pages), so that

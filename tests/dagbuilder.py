@@ -4,9 +4,9 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable
 
-from auth.ops import GrantOp
-from auth.permissions import ADMIN
-from crdt.validity import Event, Op, merge_vv
+from memmesh.auth.ops import GrantOp
+from memmesh.auth.permissions import ADMIN
+from memmesh.crdt.validity import Event, Op, merge_vv
 
 
 class DagBuilder:

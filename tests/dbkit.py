@@ -5,12 +5,12 @@ import base64
 import hashlib
 from typing import Any, Mapping
 
-from auth.keys import SigningKey
-from auth.ops import GrantOp, RevokeOp
-from crdt.database import Database
-from crdt.entry import Entry, client_id_for, sign_entry
-from crdt.storage import MemoryStorage
-from crdt.yjs import encode_rows
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.ops import GrantOp, RevokeOp
+from memmesh.crdt.database import Database
+from memmesh.crdt.entry import Entry, client_id_for, sign_entry
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.crdt.yjs import encode_rows
 
 
 def key(n: int) -> SigningKey:

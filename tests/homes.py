@@ -12,8 +12,8 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 import aiohttp
 
-from node import Node
-from node.memory.embedders import EmbedderConfig
+from memmesh.node import Node
+from memmesh.node.memory.embedders import EmbedderConfig
 
 Run = Callable[[str, dict[str, Any]], Any]
 
@@ -52,10 +52,10 @@ async def api_on(node: Node) -> AsyncIterator[tuple[Any, str, aiohttp.ClientSess
     Closes the node when done."""
     from aiohttp.test_utils import TestServer
 
-    from node.api.app import build_app
-    from node.api.token import read_token
-    from node.serve import CommandRunner
-    from node.worker import DbThread
+    from memmesh.node.api.app import build_app
+    from memmesh.node.api.token import read_token
+    from memmesh.node.serve import CommandRunner
+    from memmesh.node.worker import DbThread
 
     db = DbThread()
     token = read_token(node.home)

@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from node.memory import hygiene, secrets
+from memmesh.node.memory import hygiene, secrets
 
 
 def find_secret_unfiltered(text: str) -> str | None:

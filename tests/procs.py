@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from node.commands.result import Result
+from memmesh.node.commands.result import Result
 from tests.faultproxy import Proxy
-from node.control import SERVE_JSON, SERVE_SOCK, ControlClient, _UnixConnection
+from memmesh.node.control import SERVE_JSON, SERVE_SOCK, ControlClient, _UnixConnection
 
-CLI = [sys.executable, "-m", "node.cli"]
+CLI = [sys.executable, "-m", "memmesh.node.cli"]
 START_TIMEOUT_S = 30.0  # a cold interpreter importing memmesh on a loaded 2-core machine
 STOP_TIMEOUT_S = 20.0  # serve drains for up to 10 s (DRAIN_S)
 T = TypeVar("T")

@@ -32,14 +32,14 @@ from typing import Any, Callable
 
 import pycrdt
 
-from auth.keys import SigningKey
-from auth.ops import GrantOp
-from auth.permissions import holds
-from crdt.database import SETTINGS, Database
-from crdt.storage import MemoryStorage
-from node.sync import messages as m
-from node.sync.peerbook import PeerBook
-from node.sync.protocol import Client, Exchange, Outgoing, SyncError, SyncServer
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.ops import GrantOp
+from memmesh.auth.permissions import holds
+from memmesh.crdt.database import SETTINGS, Database
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node.sync import messages as m
+from memmesh.node.sync.peerbook import PeerBook
+from memmesh.node.sync.protocol import Client, Exchange, Outgoing, SyncError, SyncServer
 
 __all__ = ["SimConfig", "SimResult", "SimError", "simulate", "db_state", "max_requests_per_exchange"]
 

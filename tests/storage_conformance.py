@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from crdt.errors import StorageError
-from crdt.storage import Aside, DamagedRecord, PendingRecord, Storage, StoredEntry
+from memmesh.crdt.errors import StorageError
+from memmesh.crdt.storage import Aside, DamagedRecord, PendingRecord, Storage, StoredEntry
 
 _counter = itertools.count()
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-import node as node_module
-from auth.errors import MemmeshError
-from node import Node
-from node.cli_args import build_parser, command_of
-from node.commands.params import ParamsError
-from node.memory.access import NS_ACCESS
-from node.registry import UnknownName
+import memmesh.node as node_module
+from memmesh.auth.errors import MemmeshError
+from memmesh.node import Node
+from memmesh.node.cli_args import build_parser, command_of
+from memmesh.node.commands.params import ParamsError
+from memmesh.node.memory.access import NS_ACCESS
+from memmesh.node.registry import UnknownName
 from tests.test_cli import mm
 
 # Config order of the default banks is the reverse of their attachment order below, so the

@@ -26,22 +26,22 @@ from openapi_core.testing import MockRequest, MockResponse
 from openapi_spec_validator import validate
 from pydantic import Field
 
-from auth.errors import AuthError, MemmeshError
-from node import Node
-from node.api.app import MAX_BODY_BYTES, ROUTES, build_app
-from node.api.errors import CODES, kind_of
-from node.api.live import LIVE_ROUTES
-from node.api.page import PAGE_ROUTES
-from node.api.routes import OPENAPI_PATH, build_routes
-from node.api.token import TOKEN_FILE, TokenError, ensure_token, read_token
-from node.commands import REGISTRY
-from node.commands.params import NoParams, Params, ParamsError
-from node.commands.registry import Registry
-from node.commands.result import Result
-from node.registry import NameTaken, UnknownName
-from node.serve import CommandRunner
-from node.settings import ToolNotAllowed
-from node.worker import DbThread
+from memmesh.auth.errors import AuthError, MemmeshError
+from memmesh.node import Node
+from memmesh.node.api.app import MAX_BODY_BYTES, ROUTES, build_app
+from memmesh.node.api.errors import CODES, kind_of
+from memmesh.node.api.live import LIVE_ROUTES
+from memmesh.node.api.page import PAGE_ROUTES
+from memmesh.node.api.routes import OPENAPI_PATH, build_routes
+from memmesh.node.api.token import TOKEN_FILE, TokenError, ensure_token, read_token
+from memmesh.node.commands import REGISTRY
+from memmesh.node.commands.params import NoParams, Params, ParamsError
+from memmesh.node.commands.registry import Registry
+from memmesh.node.commands.result import Result
+from memmesh.node.registry import NameTaken, UnknownName
+from memmesh.node.serve import CommandRunner
+from memmesh.node.settings import ToolNotAllowed
+from memmesh.node.worker import DbThread
 from tests.procs import processes
 
 
@@ -502,7 +502,7 @@ def test_a_real_serve_serves_the_api_on_loopback_with_the_home_token(tmp_path):
         node.run("agent.new", {"name": "alpha"})
     (home / TOKEN_FILE).unlink()  # as a home made before the API: serve creates the token
 
-    refused = subprocess.run([sys.executable, "-m", "node.cli", "--home", str(home), "serve", "--listen",
+    refused = subprocess.run([sys.executable, "-m", "memmesh.node.cli", "--home", str(home), "serve", "--listen",
                               "127.0.0.1:0", "--no-discovery", "--api-listen", "0.0.0.0:0"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "not a loopback address" in refused.stderr.splitlines()[-1]
@@ -521,7 +521,7 @@ def test_a_real_serve_serves_the_api_on_loopback_with_the_home_token(tmp_path):
                                {"key": "deploy", "value": "through the API"})
         assert status == 200 and answer["data"]["entry"].startswith("sha256:")
         # The CLI goes through the same serve (its control channel) and sees it at once.
-        recalled = subprocess.run([sys.executable, "-m", "node.cli", "--home", str(home), "recall", "alpha", "deploy"],
+        recalled = subprocess.run([sys.executable, "-m", "memmesh.node.cli", "--home", str(home), "recall", "alpha", "deploy"],
                                   capture_output=True, text=True, timeout=60)
         assert recalled.returncode == 0 and "deploy: through the API" in recalled.stdout
         status, answer = _http("GET", base + "/v1/status", token)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from auth.errors import AuthError
-from auth.ops import GrantOp, RevokeOp, parse_op
-from auth.permissions import (
+from memmesh.auth.errors import AuthError
+from memmesh.auth.ops import GrantOp, RevokeOp, parse_op
+from memmesh.auth.permissions import (
     READ,
     Admin,
     AuthSettings,

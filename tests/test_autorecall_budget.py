@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auth.errors import MemmeshError
-from node import commands
-from node.memory.framing import HEADING, budget_chars, closing_line, fit, memory_line, missing_line
+from memmesh.auth.errors import MemmeshError
+from memmesh.node import commands
+from memmesh.node.memory.framing import HEADING, budget_chars, closing_line, fit, memory_line, missing_line
 
 CLOSING = re.compile(r"^\.\.\. (\d+) more memor(?:y|ies) not shown; use recall$")
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from node.api.token import read_token
-from node.cli import run_command
-from node.commands import REGISTRY, ParamsError
-from node.commands.backup import BackupError, RestoreError
-from node.library import Node
+from memmesh.node.api.token import read_token
+from memmesh.node.cli import run_command
+from memmesh.node.commands import REGISTRY, ParamsError
+from memmesh.node.commands.backup import BackupError, RestoreError
+from memmesh.node.library import Node
 from tests.procs import Serve, processes, until
 
-CLI = [sys.executable, "-m", "node.cli"]
+CLI = [sys.executable, "-m", "memmesh.node.cli"]
 
 
 def mm(home: Path, *args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -184,7 +184,7 @@ def test_restore_refuses_what_is_not_a_backup_and_changes_nothing(home, backup_d
 
 
 def test_home_may_follow_the_command_as_the_issue_writes_it():
-    from node.cli_args import build_parser, command_of
+    from memmesh.node.cli_args import build_parser, command_of
 
     for argv in (["--home", "/h", "restore", "/b"], ["restore", "/b", "--home", "/h"]):
         args = build_parser().parse_args(argv)

@@ -9,16 +9,16 @@ from typing import Annotated, Any
 import pytest
 from pydantic import Field
 
-from auth.errors import MemmeshError
-from node import Node, chat
-from node.cli import main
-from node.commands import REGISTRY, ParamsError, Result
-from node.commands.params import Cli, Params
-from node.commands.registry import Registry
-from node.memory.agents import CONFIG_DEFAULTS, agent_state
+from memmesh.auth.errors import MemmeshError
+from memmesh.node import Node, chat
+from memmesh.node.cli import main
+from memmesh.node.commands import REGISTRY, ParamsError, Result
+from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.registry import Registry
+from memmesh.node.memory.agents import CONFIG_DEFAULTS, agent_state
 from tests.test_registry import snapshot
 from tests.test_sharing import issuer  # noqa: F401  (the fixture: a node serving its sync API)
-from tickets import decode
+from memmesh.tickets import decode
 
 PEER = "ed25519:Kay64UG8yvCyLhqU000LxzYeUm0L_hLIl5S8kyKWbdc"
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from crdt.database import Database
-from crdt.entry import id_of
-from node import Node
-from node.integrity import CheckRefused
-from node.library import run_in_home
-from node.storage import SqliteStorage
+from memmesh.crdt.database import Database
+from memmesh.crdt.entry import id_of
+from memmesh.node import Node
+from memmesh.node.integrity import CheckRefused
+from memmesh.node.library import run_in_home
+from memmesh.node.storage import SqliteStorage
 from tests.procs import processes, until
 from tests.test_cli import mm
 from tests.homes import agent_with_bank

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from auth.keys import PublicKey
-from node.cli import main
-from node.home import Home
+from memmesh.auth.keys import PublicKey
+from memmesh.node.cli import main
+from memmesh.node.home import Home
 
 
 def mm(*args: str, home: Path | None = None, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "node.cli"]
+    cmd = [sys.executable, "-m", "memmesh.node.cli"]
     if home is not None:
         cmd += ["--home", str(home)]
     full_env = {**os.environ, **(env or {})}
@@ -147,7 +147,7 @@ def test_damaged_storage_file_is_a_clear_error(tmp_path, garbage):
 
 def test_one_process_at_a_time_per_home(tmp_path):
     """Two writers with one agent key would fork its feed (equivocation): a home is locked."""
-    from node.home import HomeBusy
+    from memmesh.node.home import HomeBusy
 
     home = tmp_path / "node"
     mm_here("init", home=home)
@@ -157,7 +157,7 @@ def test_one_process_at_a_time_per_home(tmp_path):
             Home.open(home, lock_timeout=0.2)
         assert str(os.getpid()) in str(err.value)
         # A command from another process waits for the lock, then runs.
-        proc = subprocess.Popen([sys.executable, "-m", "node.cli", "--home", str(home), "status", "--json"],
+        proc = subprocess.Popen([sys.executable, "-m", "memmesh.node.cli", "--home", str(home), "status", "--json"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         import time
 

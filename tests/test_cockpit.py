@@ -21,15 +21,15 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from auth.keys import SigningKey
-from crdt.entry import sign_entry
-from node import Node
-from node.api.app import build_app
-from node.home import KEYS_DIR, PEER_KEY
-from node.keystore import load_key
-from node.sync import messages as m
-from node.sync.http import url_of
-from node.sync.protocol import Client
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.entry import sign_entry
+from memmesh.node import Node
+from memmesh.node.api.app import build_app
+from memmesh.node.home import KEYS_DIR, PEER_KEY
+from memmesh.node.keystore import load_key
+from memmesh.node.sync import messages as m
+from memmesh.node.sync.http import url_of
+from memmesh.node.sync.protocol import Client
 from tests.procs import LinkProxy, Processes, Serve, processes, until
 from tests.test_sync_processes import _memory_payload, _wire
 

@@ -14,16 +14,16 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node import Node
-from node.cli import main
-from node.commands.serving import DEFAULT_HOST, DEFAULT_PORT
-from node.config_apply import apply_config, reload_config
-from node.memory.agents import CONFIG_DEFAULTS, ConfigError, agent_state, parse_config_value
-from node.registry import EMBEDDER_SECRET
-from node.serve_config import LiveConfig, SyncFlags
-from node.settings import (APPLIED, AUTO_RECALL_KEYS, CONFIG_FILE, TEMPLATE, ConfigFileError, NodeConfig, SyncSpec,
+from memmesh.node import Node
+from memmesh.node.cli import main
+from memmesh.node.commands.serving import DEFAULT_HOST, DEFAULT_PORT
+from memmesh.node.config_apply import apply_config, reload_config
+from memmesh.node.memory.agents import CONFIG_DEFAULTS, ConfigError, agent_state, parse_config_value
+from memmesh.node.registry import EMBEDDER_SECRET
+from memmesh.node.serve_config import LiveConfig, SyncFlags
+from memmesh.node.settings import (APPLIED, AUTO_RECALL_KEYS, CONFIG_FILE, TEMPLATE, ConfigFileError, NodeConfig, SyncSpec,
                            ToolNotAllowed, applied, load_config, memory_defaults, parse_config)
-from node.sync.service import SyncService
+from memmesh.node.sync.service import SyncService
 
 CONFIG = """\
 agents:

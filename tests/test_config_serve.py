@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from node import Node
-from node.library import run_in_home
-from node.settings import CONFIG_FILE
+from memmesh.node import Node
+from memmesh.node.library import run_in_home
+from memmesh.node.settings import CONFIG_FILE
 from tests.procs import Serve, processes, until
 from tests.test_cli import mm
 

@@ -13,10 +13,10 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from auth.errors import AuthError
-from auth.ops import GrantOp, RevokeOp
-from crdt.database import Database
-from crdt.storage import MemoryStorage
+from memmesh.auth.errors import AuthError
+from memmesh.auth.ops import GrantOp, RevokeOp
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
 from tests.dbkit import feed, key, new_db, replica, state
 
 KEYS = [key(n) for n in range(10, 15)]  # KEYS[0] creates the database

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from node.storage import SqliteStorage
+from memmesh.node.storage import SqliteStorage
 
 try:
     import crash_writer

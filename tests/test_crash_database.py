@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from crdt.database import Database
-from node.storage import SqliteStorage
+from memmesh.crdt.database import Database
+from memmesh.node.storage import SqliteStorage
 
 WRITER = Path(__file__).parent / "crash_db_writer.py"
 

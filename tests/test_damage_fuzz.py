@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from node import cli
-from node.library import Node
+from memmesh.node import cli
+from memmesh.node.library import Node
 from tests.homes import agent_with_bank
 
 SEED = 13
@@ -269,7 +269,7 @@ def test_a_truncated_or_damaged_key(home: Path, content: bytes, what: str) -> No
 def test_a_key_file_that_decodes_to_another_key(home: Path) -> None:
     """One changed character of a key file can still decode: the agent's database says whose
     key it must be, so the agent does not silently become someone else."""
-    from auth.keys import SigningKey, encode_private
+    from memmesh.auth.keys import SigningKey, encode_private
 
     key = home / "keys" / "agent-alpha.key"
     key.write_bytes(encode_private(SigningKey.generate()))
@@ -376,9 +376,9 @@ def test_an_entry_lost_from_the_middle_of_the_log(home: Path) -> None:
 
 
 def test_damage_in_memory_storage_names_the_adapter() -> None:
-    from crdt.database import Database
-    from crdt.errors import DamagedError
-    from crdt.storage import MemoryStorage, StoredEntry
+    from memmesh.crdt.database import Database
+    from memmesh.crdt.errors import DamagedError
+    from memmesh.crdt.storage import MemoryStorage, StoredEntry
     from tests.dbkit import key, new_db
 
     db = new_db(key(1))
@@ -400,7 +400,7 @@ def test_damage_in_memory_storage_names_the_adapter() -> None:
 
 def _serve(home: Path) -> subprocess.CompletedProcess:
     """`memmesh serve` on ``home``: it must refuse at once (a timeout means it started)."""
-    return subprocess.run([sys.executable, "-m", "node.cli", "--home", str(home), "serve", "--listen", "127.0.0.1:0",
+    return subprocess.run([sys.executable, "-m", "memmesh.node.cli", "--home", str(home), "serve", "--listen", "127.0.0.1:0",
                            "--no-discovery", "--api-listen", "off"], capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL, check=False)
 

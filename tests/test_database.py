@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auth.errors import AuthError, MemmeshError, RejectedError
-from crdt.database import Database
-from crdt.entry import MAX_PAYLOAD_BYTES, client_id_for
-from crdt.errors import EntryRejected
-from crdt.storage import MemoryStorage
-from crdt.yjs import encode_rows
+from memmesh.auth.errors import AuthError, MemmeshError, RejectedError
+from memmesh.crdt.database import Database
+from memmesh.crdt.entry import MAX_PAYLOAD_BYTES, client_id_for
+from memmesh.crdt.errors import EntryRejected
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.crdt.yjs import encode_rows
 from tests.dbkit import craft, feed, grant, key, new_db, next_clock, replica, revoke, rows_update, state, write
 
 ADMIN, ALICE, BOB, MALLORY, ADMIN5 = key(1), key(2), key(3), key(4), key(5)

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node import commands
-from node.memory.agents import ConfigError
-from node.memory.fusion import DAY_MS, decay_factor, decayed
-from node.memory.timeline import Filters
+from memmesh.node import commands
+from memmesh.node.memory.agents import ConfigError
+from memmesh.node.memory.fusion import DAY_MS, decay_factor, decayed
+from memmesh.node.memory.timeline import Filters
 
 ROWS = [  # best match first without decay (BM25: the query's word, more often, in fewer words)
     {"key": "deploy fact", "value": "deploy deploy deploy", "category": "fact"},

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from node.demo import Demo, DemoFailed
+from memmesh.node.demo import Demo, DemoFailed
 
 pytestmark = pytest.mark.slow
 
-DEMO = [sys.executable, "-m", "node.demo"]
+DEMO = [sys.executable, "-m", "memmesh.node.demo"]
 REPO = Path(__file__).resolve().parent.parent
 HANG_GUARD_S = 300.0  # only so that a hung demo fails: how long it took is printed, not asserted
 ROOT_LINE = re.compile(r"^# memmesh demo: two peers, A and B, in (\S+) ", re.MULTILINE)

@@ -19,8 +19,8 @@ import pytest
 from zeroconf import IPVersion
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
-from auth.keys import SigningKey
-from node.sync.discovery import (
+from memmesh.auth.keys import SigningKey
+from memmesh.node.sync.discovery import (
     MAX_TXT_BYTES,
     SERVICE_TYPE,
     DiscoveredPeer,
@@ -253,7 +253,7 @@ async def test_no_multicast_sender_is_an_error():
 
 CHILD = r"""
 import asyncio, json, signal, sys, threading
-from node.sync.discovery import Discovery
+from memmesh.node.sync.discovery import Discovery
 
 def say(**fields):
     print(json.dumps(fields), flush=True)

@@ -21,17 +21,17 @@ from typing import Any, Iterator
 
 import pytest
 
-from crdt.database import Database
-from crdt.entry import Entry
-from crdt.errors import DiskFullError, ReadOnlyError
-from node import Node
-from node.commands import REGISTRY
-from node.storage import SqliteStorage
+from memmesh.crdt.database import Database
+from memmesh.crdt.entry import Entry
+from memmesh.crdt.errors import DiskFullError, ReadOnlyError
+from memmesh.node import Node
+from memmesh.node.commands import REGISTRY
+from memmesh.node.storage import SqliteStorage
 from tests.dbkit import grant, key, new_db, write
 from tests.procs import Serve, processes, until
 from tests.homes import agent_with_bank
 
-CLI = [sys.executable, "-m", "node.cli"]
+CLI = [sys.executable, "-m", "memmesh.node.cli"]
 BIG = "x" * 200_000  # needs dozens of new pages: no free page of the file can take it
 
 

@@ -17,9 +17,9 @@ from unittest import mock
 
 import pytest
 
-from node.control import SERVE_SOCK
-from node.listeners import RequestFramer
-from node.logthrottle import RepeatFilter
+from memmesh.node.control import SERVE_SOCK
+from memmesh.node.listeners import RequestFramer
+from memmesh.node.logthrottle import RepeatFilter
 from tests import procs
 from tests.procs import CLI, processes, until
 from tests.test_edge_connections import _closed, _connect, _port
@@ -228,9 +228,9 @@ async def test_an_event_subscriber_that_never_reads_holds_a_bounded_buffer():
 
     from aiohttp.test_utils import TestServer
 
-    from node.api.app import build_app
-    from node.api.live import Live
-    from node.events import EventBus
+    from memmesh.node.api.app import build_app
+    from memmesh.node.api.live import Live
+    from memmesh.node.events import EventBus
 
     bus = EventBus()
     bus.attach(asyncio.get_running_loop())

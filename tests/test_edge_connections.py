@@ -20,10 +20,10 @@ from unittest import mock
 
 import pytest
 
-from node.control import SERVE_JSON, SERVE_SOCK
-from node.listeners import Limits, LimitsError
-from node.logthrottle import RepeatFilter
-from node.serve import LogFormatter
+from memmesh.node.control import SERVE_JSON, SERVE_SOCK
+from memmesh.node.listeners import Limits, LimitsError
+from memmesh.node.logthrottle import RepeatFilter
+from memmesh.node.serve import LogFormatter
 from tests import procs
 from tests.procs import CLI, Serve, processes, until
 
@@ -280,7 +280,7 @@ class _NoDescriptors(socket.socket):
 def test_out_of_descriptors_pauses_accepting_instead_of_spinning(caplog):
     from aiohttp import web
 
-    from node.listeners import GuardedSite
+    from memmesh.node.listeners import GuardedSite
 
     async def scenario() -> None:
         runner = web.AppRunner(web.Application(), access_log=None)

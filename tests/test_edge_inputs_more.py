@@ -32,13 +32,13 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from node import Node
-from node.api.app import host_allowed
-from node.api.token import read_token
-from node.commands import REGISTRY
-from node.commands.params import MAX_DEPTH, ParamsError, parse
-from node.commands.serving import parse_listen
-from node.settings import MAX_YAML_DEPTH, ConfigFileError, parse_config
+from memmesh.node import Node
+from memmesh.node.api.app import host_allowed
+from memmesh.node.api.token import read_token
+from memmesh.node.commands import REGISTRY
+from memmesh.node.commands.params import MAX_DEPTH, ParamsError, parse
+from memmesh.node.commands.serving import parse_listen
+from memmesh.node.settings import MAX_YAML_DEPTH, ConfigFileError, parse_config
 from tests.homes import api_on
 from tests.procs import CLI, Serve
 
@@ -348,7 +348,7 @@ async def test_the_prompts_number_argument_spelt_with_unicode_digits_is_the_regi
     from mcp import Client
     from mcp.shared.exceptions import MCPError
 
-    from node.mcp_server import PROMPT, build_server
+    from memmesh.node.mcp_server import PROMPT, build_server
 
     home = tmp_path / "node"
     with Node.open(home) as node:
@@ -396,7 +396,7 @@ def test_no_route_of_a_real_serve_answers_5xx_to_schema_generated_requests(tmp_p
 
 
 async def test_the_mcp_http_door_applies_the_apis_host_rule_before_the_token():
-    from node.mcp_server import BearerGuard
+    from memmesh.node.mcp_server import BearerGuard
 
     reached: list[str] = []
 

@@ -27,9 +27,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from node import Node
-from node.api.app import MAX_JSON_DEPTH
-from node.api.token import TOKEN_FILE, read_token
+from memmesh.node import Node
+from memmesh.node.api.app import MAX_JSON_DEPTH
+from memmesh.node.api.token import TOKEN_FILE, read_token
 from tests.homes import api_on
 from tests.procs import CLI, Serve, until
 

@@ -25,19 +25,19 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from auth.keys import SigningKey
-from auth.ops import RevokeOp
-from node import Node
-from node.settings import CONFIG_FILE
-from node.sync import messages as m
-from node.sync import readers
-from node.sync.envelope import RequestVerifier, sign_response
-from node.sync.http import HttpTransport, call
-from node.sync.oneshot import sync_now
-from node.sync.protocol import Client, Exchange, ExchangeStats, SyncError, SyncServer
-from node.sync.service import ServedNode, SyncService
-from node.sync.state import now_ms
-from node.worker import run_here
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.ops import RevokeOp
+from memmesh.node import Node
+from memmesh.node.settings import CONFIG_FILE
+from memmesh.node.sync import messages as m
+from memmesh.node.sync import readers
+from memmesh.node.sync.envelope import RequestVerifier, sign_response
+from memmesh.node.sync.http import HttpTransport, call
+from memmesh.node.sync.oneshot import sync_now
+from memmesh.node.sync.protocol import Client, Exchange, ExchangeStats, SyncError, SyncServer
+from memmesh.node.sync.service import ServedNode, SyncService
+from memmesh.node.sync.state import now_ms
+from memmesh.node.worker import run_here
 from tests.procs import processes, until
 
 BANK = "project-notes"
@@ -87,7 +87,7 @@ def test_the_rule_follows_the_settings_now(a):
     assert served.readable(db.id, _key(a, "gone")) is None  # asked again: nothing cached
     assert readers.refusal(a, db, _key(a, "gone")).endswith(f"holds no grant on {BANK} (its grant was revoked)")
     # An invite key this node issued only redeems, whatever the settings say of it.
-    from tickets import decode
+    from memmesh.tickets import decode
 
     invite = decode(a.run("memory.share", {"bank": BANK, "perm": "read"}).data["ticket"]).invite
     assert not readers.may_read(a, db, invite) and served.readable(db.id, invite) is None
@@ -147,8 +147,8 @@ async def test_the_one_shot_sync_contacts_no_peer_without_read(a):
 
 def test_an_exchange_stops_pushing_once_its_peer_may_not_read():
     """The daemon asks before each push page: a revocation pulled meanwhile stops the push."""
-    from crdt.database import Database
-    from crdt.storage import MemoryStorage
+    from memmesh.crdt.database import Database
+    from memmesh.crdt.storage import MemoryStorage
     from tests.dbkit import grant, key, new_db, write
 
     admin, peer_a, peer_b = key(1), key(41), key(42)

@@ -25,17 +25,17 @@ import msgpack
 import pytest
 from aiohttp import web
 
-from auth.keys import SigningKey
-from crdt.database import Database
-from crdt.storage import MemoryStorage
-from node import Node
-from node.settings import CONFIG_FILE
-from node.sync import messages as m
-from node.sync.envelope import RequestVerifier, EnvelopeError, sign_request, sign_response
-from node.sync.http import HttpTransport, run_exchange, sync_app_routes
-from node.sync.protocol import PREFIX, Client, Exchange, SyncError, SyncServer
-from node.sync.state import now_ms
-from node.worker import run_here
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node import Node
+from memmesh.node.settings import CONFIG_FILE
+from memmesh.node.sync import messages as m
+from memmesh.node.sync.envelope import RequestVerifier, EnvelopeError, sign_request, sign_response
+from memmesh.node.sync.http import HttpTransport, run_exchange, sync_app_routes
+from memmesh.node.sync.protocol import PREFIX, Client, Exchange, SyncError, SyncServer
+from memmesh.node.sync.state import now_ms
+from memmesh.node.worker import run_here
 from tests.dbkit import grant, key, new_db, write
 from tests.procs import processes, until
 

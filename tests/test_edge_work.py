@@ -19,16 +19,16 @@ import msgpack
 import pytest
 from aiohttp import web
 
-from crdt.entry import id_to_raw
-from crdt.pending import _Ranking
-from node.serve import _access_log
-from node.sync import http as sync_http
-from node.sync import messages as m
-from node.sync import protocol
-from node.sync.envelope import EnvelopeError, RequestVerifier, sign_request
-from node.sync.http import BodyBudget, HttpTransport, call, run_exchange, sync_app_routes
-from node.sync.protocol import Client, Exchange, PushBackoff, SyncError, SyncServer
-from node.worker import DbThread
+from memmesh.crdt.entry import id_to_raw
+from memmesh.crdt.pending import _Ranking
+from memmesh.node.serve import _access_log
+from memmesh.node.sync import http as sync_http
+from memmesh.node.sync import messages as m
+from memmesh.node.sync import protocol
+from memmesh.node.sync.envelope import EnvelopeError, RequestVerifier, sign_request
+from memmesh.node.sync.http import BodyBudget, HttpTransport, call, run_exchange, sync_app_routes
+from memmesh.node.sync.protocol import Client, Exchange, PushBackoff, SyncError, SyncServer
+from memmesh.node.worker import DbThread
 from tests.dbkit import craft, grant, key, new_db, replica, rows_update, write
 from tests.test_sync_protocol import Node
 
@@ -345,7 +345,7 @@ def test_a_serve_process_answers_bad_bodies_with_4xx_and_one_line_each(tmp_path)
     mid-stream are 4xx, its log holds no 500 and no traceback, and status still answers."""
     import socket
 
-    from node import Node
+    from memmesh.node import Node
     from tests.procs import processes, until
 
     home = tmp_path / "node"

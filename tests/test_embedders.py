@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crdt.errors import MemmeshError
-from node.memory.embedders import (
+from memmesh.crdt.errors import MemmeshError
+from memmesh.node.memory.embedders import (
     Embedder,
     EmbedderConfig,
     EmbedderError,
@@ -62,7 +62,7 @@ GOLDEN_SHA256 = "4a023a23418fca195837b178c992a99b3c642a7a29ab877aea0b0505aa5fd69
 
 _CHILD = """
 import hashlib, json, sys
-from node.memory.embedders import HashedEmbedder
+from memmesh.node.memory.embedders import HashedEmbedder
 texts = json.loads(sys.argv[1])
 print(hashlib.sha256(HashedEmbedder().embed(texts).tobytes()).hexdigest())
 """

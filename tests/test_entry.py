@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auth.keys import DOMAIN_ENTRY, SigningKey
-from crdt.entry import (
+from memmesh.auth.keys import DOMAIN_ENTRY, SigningKey
+from memmesh.crdt.entry import (
     MAX_ENTRY_BYTES,
     MAX_HEADER_BYTES,
     client_id_for,
@@ -19,8 +19,8 @@ from crdt.entry import (
     id_of,
     sign_entry,
 )
-from crdt.errors import EntryRejected
-from crdt.yjs import encode_rows
+from memmesh.crdt.errors import EntryRejected
+from memmesh.crdt.yjs import encode_rows
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent

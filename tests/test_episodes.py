@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import node.commands.episodes  # noqa: F401  (registers the commands until node/commands imports it)
-from auth.ops import GrantOp
-from crdt.database import Database, RowRecord
-from crdt.storage import MemoryStorage
-from node import Node
-from node.episodes.methods import (
+import memmesh.node.commands.episodes  # noqa: F401  (registers the commands until node/commands imports it)
+from memmesh.auth.ops import GrantOp
+from memmesh.crdt.database import Database, RowRecord
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node import Node
+from memmesh.node.episodes.methods import (
     METHODS_STORE,
     MIN_CHECKED,
     learn,
@@ -30,7 +30,7 @@ from node.episodes.methods import (
     promote_value,
     promoted,
 )
-from node.episodes.record import (
+from memmesh.node.episodes.record import (
     EPISODES_STORE,
     VERDICTS_STORE,
     EpisodeInputError,
@@ -42,13 +42,13 @@ from node.episodes.record import (
     verdicts,
     write_episode,
 )
-from node.memory.quarantine import (
+from memmesh.node.memory.quarantine import (
     QUARANTINE_STORE,
     quarantine_value,
     quarantines,
     release_value,
 )
-from node.registry import AgentRecord
+from memmesh.node.registry import AgentRecord
 from tests.dbkit import feed, key
 from tests.test_cli import mm_here
 

@@ -10,12 +10,12 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import node.commands.episodes  # noqa: F401  (registers the commands until node/commands imports it)
-from auth.ops import GrantOp
-from crdt.database import Database
-from crdt.storage import MemoryStorage
-from node.episodes.methods import METHODS_STORE, learn, promote_value
-from node.episodes.plan import (
+import memmesh.node.commands.episodes  # noqa: F401  (registers the commands until node/commands imports it)
+from memmesh.auth.ops import GrantOp
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node.episodes.methods import METHODS_STORE, learn, promote_value
+from memmesh.node.episodes.plan import (
     EPISODES_TITLE,
     FRAME,
     HEADING,
@@ -23,13 +23,13 @@ from node.episodes.plan import (
     METHODS_TITLE,
     plan_context,
 )
-from node.episodes.record import (
+from memmesh.node.episodes.record import (
     episode_value,
     verdict_value,
     write_episode,
     write_verdict,
 )
-from node.memory.quarantine import QUARANTINE_STORE, quarantine_value
+from memmesh.node.memory.quarantine import QUARANTINE_STORE, quarantine_value
 from tests.dbkit import key
 from tests.test_cli import mm_here
 

@@ -26,16 +26,16 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from auth.keys import SigningKey
-from crdt.entry import client_id_for, sign_entry
-from crdt.yjs import encode_rows
-from node import Node
-from node.api.app import build_app
-from node.api.live import Live
-from node.api.token import read_token
-from node.events import EVENT_TYPES, DatabaseWatch, EventBus, UnknownEventType
-from node.serve import CommandRunner
-from node.worker import DbThread
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.entry import client_id_for, sign_entry
+from memmesh.crdt.yjs import encode_rows
+from memmesh.node import Node
+from memmesh.node.api.app import build_app
+from memmesh.node.api.live import Live
+from memmesh.node.api.token import read_token
+from memmesh.node.events import EVENT_TYPES, DatabaseWatch, EventBus, UnknownEventType
+from memmesh.node.serve import CommandRunner
+from memmesh.node.worker import DbThread
 
 HANG_GUARD_S = 60.0  # only so that a hang fails: nothing in this file is timed
 
@@ -432,9 +432,9 @@ def test_every_event_type_is_documented_with_its_data():
 # ============================================================================ 3. a real serve
 @pytest.mark.slow
 def test_a_forged_entry_pushed_by_a_peer_is_on_the_stream_within_a_second_and_in_metrics(tmp_path):
-    from node.sync import messages as m
-    from node.sync.http import HttpTransport, call
-    from node.sync.protocol import Client
+    from memmesh.node.sync import messages as m
+    from memmesh.node.sync.http import HttpTransport, call
+    from memmesh.node.sync.protocol import Client
     from tests.procs import processes
 
     home = tmp_path / "node"

@@ -12,7 +12,7 @@ from tests.procs import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "agent_loop.py"
-CLI = [sys.executable, "-m", "node.cli"]
+CLI = [sys.executable, "-m", "memmesh.node.cli"]
 
 
 def mm(home: Path, *args: str) -> str:

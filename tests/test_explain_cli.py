@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from node import Node
+from memmesh.node import Node
 from tests.homes import agent_with_bank
 from tests.test_cli import mm, mm_here
 
@@ -55,7 +55,7 @@ def test_explain_an_unknown_id_is_one_line_and_exit_1(home):
 def test_explain_an_entry_refused_before_storage_in_a_later_process(home):
     """The refusal record is persistent: a new CLI process explains a refused entry by the
     digest of its bytes."""
-    from crdt.entry import id_of
+    from memmesh.crdt.entry import id_of
 
     with Node.open(home) as node:
         bank = node.agents.resolve("notes").db

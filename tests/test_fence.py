@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from auth.keys import SigningKey
-from crdt.entry import id_of
-from node import Node
-from node.cli import run_command
-from node.fence import WriteFenced, caught_up, read
-from node.library import run_in_home
-from node.registry import UnknownName
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.entry import id_of
+from memmesh.node import Node
+from memmesh.node.cli import run_command
+from memmesh.node.fence import WriteFenced, caught_up, read
+from memmesh.node.library import run_in_home
+from memmesh.node.registry import UnknownName
 from tests.procs import processes, until
 from tests.test_cli import mm_here
 from tests.homes import agent_with_bank

@@ -12,19 +12,19 @@ import json
 import aiohttp
 import pytest
 
-from auth.errors import AuthError
-from auth.keys import SigningKey
-from node import Node
-from node.commands.params import ParamsError
-from node.memory.agents import NotGranted
-from node.memory.holders import tag
-from node.registry import BankRecord, UnknownName
-from node.sync import messages as m
-from node.sync import sharing
-from node.sync.http import HttpTransport, call
-from node.sync.protocol import Client, SyncError
-from node.sync.state import now_ms
-from node.worker import run_here
+from memmesh.auth.errors import AuthError
+from memmesh.auth.keys import SigningKey
+from memmesh.node import Node
+from memmesh.node.commands.params import ParamsError
+from memmesh.node.memory.agents import NotGranted
+from memmesh.node.memory.holders import tag
+from memmesh.node.registry import BankRecord, UnknownName
+from memmesh.node.sync import messages as m
+from memmesh.node.sync import sharing
+from memmesh.node.sync.http import HttpTransport, call
+from memmesh.node.sync.protocol import Client, SyncError
+from memmesh.node.sync.state import now_ms
+from memmesh.node.worker import run_here
 from tests.test_api import api  # noqa: F401  (the fixture: the real app on 127.0.0.1, answers checked against OpenAPI)
 from tests.test_cli import mm
 from tests.test_sharing import _home, issuer  # noqa: F401  (the fixture: node A serving its sync API)

@@ -8,15 +8,15 @@ import json
 
 import pytest
 
-import node.commands.history  # noqa: F401  (registers the commands until node/commands imports it)
-from auth.ops import GrantOp
-from crdt.yjs import encode_any
-from node import Node
-from node.commands import ParamsError
-from node.history import service
-from node.history.record import CHUNKS_STORE, HISTORY_STORE, TEXT_STORE, HistoryInputError, UnknownChunk, turn_value
-from node.history.search import search_history
-from node.history.state import state_of
+import memmesh.node.commands.history  # noqa: F401  (registers the commands until node/commands imports it)
+from memmesh.auth.ops import GrantOp
+from memmesh.crdt.yjs import encode_any
+from memmesh.node import Node
+from memmesh.node.commands import ParamsError
+from memmesh.node.history import service
+from memmesh.node.history.record import CHUNKS_STORE, HISTORY_STORE, TEXT_STORE, HistoryInputError, UnknownChunk, turn_value
+from memmesh.node.history.search import search_history
+from memmesh.node.history.state import state_of
 from tests.dbkit import feed
 from tests.homes import alpha_node
 from tests.test_cli import mm_here
@@ -143,7 +143,7 @@ def test_the_level2_summary_is_made_from_child_summaries_only(n):
     talk(n, 100)
     l1 = show(n, 1)["items"]
     [l2] = show(n, 2)["items"]
-    from node.history.summary import summarise
+    from memmesh.node.history.summary import summarise
     assert l2["summary"] == summarise([c["summary"] for c in l1])
     words = set(" ".join(c["summary"] for c in l1).split())
     assert set(l2["summary"].split()) <= words

@@ -1,7 +1,7 @@
 """History in recall (scopes) and retention over real history (issue 12, items 3 and 7)."""
 from __future__ import annotations
 
-from node import Node
+from memmesh.node import Node
 from tests.dbkit import feed
 
 PLANTED = "The staging database password rotation happens every second Thursday at noon."
@@ -53,8 +53,8 @@ def test_retention_compresses_summarised_turns_the_same_on_two_replicas(tmp_path
         assert done["erase"] == preview["erase"]
         feed(copy, db)
         assert set(copy.accepted_ids()) == set(db.accepted_ids())
-        from node.history.search import search_history
-        from node.retention import plan
+        from memmesh.node.history.search import search_history
+        from memmesh.node.retention import plan
         assert plan(copy, 4_070_908_800_000) == []  # the erasures arrived: nothing left to do there
         # The chunks' summaries still answer; the 5 turns outside any chunk keep their text.
         a = search_history(db, "password rotation Thursday", 10)

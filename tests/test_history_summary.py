@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.history.pyramid import build
-from node.history.record import Turn
-from node.history.summary import budget_for, rank, select, split_sentences, summarise, word_count
-from node.history.window import build_window
+from memmesh.node.history.pyramid import build
+from memmesh.node.history.record import Turn
+from memmesh.node.history.summary import budget_for, rank, select, split_sentences, summarise, word_count
+from memmesh.node.history.window import build_window
 
 # ------------------------------------------------------------------------------ sentences
 

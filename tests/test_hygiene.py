@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auth.errors import MemmeshError
-from node.memory.hygiene import RULES, HygieneInputError, detect, normalise
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.memory.hygiene import RULES, HygieneInputError, detect, normalise
 from tests.oracles import detect_unanchored
 
 POSITIVE = {
@@ -148,7 +148,7 @@ def test_zero_width_insertions_change_nothing(text: str, data: st.DataObject) ->
 
 
 def _slow_normalise(text: str) -> str:
-    from node.memory.hygiene import _once
+    from memmesh.node.memory.hygiene import _once
 
     for _ in range(4):
         text = _once(text)

@@ -22,19 +22,19 @@ from typing import Any, Callable
 
 import pytest
 
-from auth.keys import DOMAIN_TICKET_REDEEM, SigningKey
-from auth.ops import GrantOp
-from node import Node
-from node.registry import NameTaken
-from node.sync import messages as m
-from node.sync import sharing
-from node.sync.protocol import Client, SyncServer
-from node.sync.service import ServedNode
-from node.sync.state import Invite
-from node.worker import run_here
+from memmesh.auth.keys import DOMAIN_TICKET_REDEEM, SigningKey
+from memmesh.auth.ops import GrantOp
+from memmesh.node import Node
+from memmesh.node.registry import NameTaken
+from memmesh.node.sync import messages as m
+from memmesh.node.sync import sharing
+from memmesh.node.sync.protocol import Client, SyncServer
+from memmesh.node.sync.service import ServedNode
+from memmesh.node.sync.state import Invite
+from memmesh.node.worker import run_here
 from tests.procs import Serve, processes, until
 from tests.test_cli import mm
-from tickets import TicketRejected, decode, encode, issue
+from memmesh.tickets import TicketRejected, decode, encode, issue
 
 BANK = "project-notes"
 REACH_S = 15.0

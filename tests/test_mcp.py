@@ -24,16 +24,16 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-import node
-from node import Node
-from node.api.token import read_token
-from node.cli import failure, main, run_command
-from node.commands import REGISTRY
-from node.commands.mcp import McpNotInstalled
-from node.commands.registry import StandaloneCommand
-from node.commands.tools import TOOLS
-from node.control import SERVE_JSON, read_info, remote
-from node.mcp_server import ANNOTATIONS, PROMPT, SERVE_LOG, SPAWN_LOCK, ServeStartError, build_server, \
+import memmesh.node as node
+from memmesh.node import Node
+from memmesh.node.api.token import read_token
+from memmesh.node.cli import failure, main, run_command
+from memmesh.node.commands import REGISTRY
+from memmesh.node.commands.mcp import McpNotInstalled
+from memmesh.node.commands.registry import StandaloneCommand
+from memmesh.node.commands.tools import TOOLS
+from memmesh.node.control import SERVE_JSON, read_info, remote
+from memmesh.node.mcp_server import ANNOTATIONS, PROMPT, SERVE_LOG, SPAWN_LOCK, ServeStartError, build_server, \
     ensure_serve, prepare
 from tests.procs import CLI, Serve, until
 
@@ -266,7 +266,7 @@ def test_a_home_without_a_node_is_refused_and_left_empty(tmp_path, capsys):
 def test_without_the_mcp_extra_the_error_says_what_to_install(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m == "mcp" or m.startswith("mcp.")]:
         monkeypatch.setitem(sys.modules, name, None)  # what an environment without the SDK gives
-    monkeypatch.delitem(sys.modules, "node.mcp_server", raising=False)
+    monkeypatch.delitem(sys.modules, "memmesh.node.mcp_server", raising=False)
     monkeypatch.delattr(node, "mcp_server", raising=False)
     with pytest.raises(McpNotInstalled) as err:
         run_command(tmp_path, "mcp", {"agent": "alpha"})  # (an empty home: nothing could start)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from node.library import Node
+from memmesh.node.library import Node
 
 from tests.test_cli import mm, mm_here
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from node import Node
-from node.memory.embedders import EmbedderConfig
+from memmesh.node import Node
+from memmesh.node.memory.embedders import EmbedderConfig
 from tests.embed_server import EmbedServer
 from tests.procs import until
 

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from auth.errors import MemmeshError
-from crdt.database import Database
-from crdt.storage import MemoryStorage
-from node.memory.rows import MEMORY_STORE, memory_value, parse_memory
-from node.memory.saving import plan_write
-from node.memory.timeline import Filters
-from node.memory.view import MemoryView
+from memmesh.auth.errors import MemmeshError
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node.memory.rows import MEMORY_STORE, memory_value, parse_memory
+from memmesh.node.memory.saving import plan_write
+from memmesh.node.memory.timeline import Filters
+from memmesh.node.memory.view import MemoryView
 from tests.homes import recall, remember
 from tests.dbkit import feed, grant, key, new_db, replica, write
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from auth.errors import AuthError, MemmeshError
-from node import Node
-from node import commands
-from node.memory.agents import ConfigError
-from node.memory.embedders import EmbedderConfig
+from memmesh.auth.errors import AuthError, MemmeshError
+from memmesh.node import Node
+from memmesh.node import commands
+from memmesh.node.memory.agents import ConfigError
+from memmesh.node.memory.embedders import EmbedderConfig
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node import Node
-from node.memory.embedders import EmbedderConfig
+from memmesh.node import Node
+from memmesh.node.memory.embedders import EmbedderConfig
 from tests.test_cli import mm_here
 
 AWS_KEY = "AKIAZ7QX4N2KLM5PWR3T"  # the shape of an AWS access key id (not a real one)

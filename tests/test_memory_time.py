@@ -11,15 +11,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from auth.errors import MemmeshError
-from crdt.database import Database
-from crdt.storage import MemoryStorage
-from node.cli_args import build_parser, command_of
-from node.commands.tools import RecallArgs
-from node.memory.rows import MEMORY_STORE, check_time, memory_value, parse_memory
-from node.memory.saving import plan_write
-from node.memory.timeline import Filters, current_in, held_at
-from node.memory.view import MemoryView
+from memmesh.auth.errors import MemmeshError
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node.cli_args import build_parser, command_of
+from memmesh.node.commands.tools import RecallArgs
+from memmesh.node.memory.rows import MEMORY_STORE, check_time, memory_value, parse_memory
+from memmesh.node.memory.saving import plan_write
+from memmesh.node.memory.timeline import Filters, current_in, held_at
+from memmesh.node.memory.view import MemoryView
 from tests.homes import recall, remember
 from tests.dbkit import feed, grant, key, new_db, replica, write
 

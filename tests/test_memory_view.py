@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crdt.database import Database
-from crdt.storage import MemoryStorage
-from node.memory import view as view_module
-from node.memory.bm25 import InvertedIndex
-from node.memory.rows import (
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node.memory import view as view_module
+from memmesh.node.memory.bm25 import InvertedIndex
+from memmesh.node.memory.rows import (
     MAX_KEY_CHARS,
     MAX_TAG_CHARS,
     MAX_TAGS,
@@ -32,8 +32,8 @@ from node.memory.rows import (
     parse_embedding,
     parse_memory,
 )
-from node.memory.tokens import document_text, tokenize
-from node.memory.view import MemoryView
+from memmesh.node.memory.tokens import document_text, tokenize
+from memmesh.node.memory.view import MemoryView
 from tests.dbkit import craft, feed, grant, key, new_db, next_clock, replica, revoke, rows_update
 
 ADMIN, ALICE, BOB = key(1), key(2), key(3)
@@ -343,7 +343,7 @@ def test_malformed_remote_rows_are_ignored(db, caplog):
         MEMORY_STORE: rows_update(BOB, MEMORY_STORE, next_clock(db, BOB, MEMORY_STORE), BAD_MEMORY_VALUES),
         STORE: rows_update(BOB, STORE, next_clock(db, BOB, STORE), bad_embeddings),
     })
-    with caplog.at_level(logging.DEBUG, logger="node.memory.rows"):
+    with caplog.at_level(logging.DEBUG, logger="memmesh.node.memory.rows"):
         result = db.ingest([(e.header, dict(e.payloads))])
     assert result.accepted == [e.id]  # the database accepts any value from a writer
     assert "ignoring memory row" in caplog.text and "ignoring embedding row" in caplog.text
@@ -476,7 +476,7 @@ def test_embedding_rows_round_trip_and_store_names():
     vec = np.array([0.5, -1.25, 3.0], dtype=np.float64)
     value = embedding_value("123/4", vec)
     assert value["v"] == np.array([0.5, -1.25, 3.0], dtype="<f4").tobytes()
-    from crdt.database import RowRecord
+    from memmesh.crdt.database import RowRecord
 
     rec = RowRecord(STORE, "9/0", value, "sha256:" + "a" * 64, "author", 0, (1, "sha256:" + "a" * 64, 0))
     row, got = parse_embedding(rec, 3)
@@ -727,7 +727,7 @@ _tag = st.one_of(
                  st.lists(st.sampled_from([f"t{i}" for i in range(40)] + ["T1", "T2"]), max_size=40),
                  st.none(), st.text(max_size=3), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2)))
 def test_tag_check_fast_path_is_as_strict_as_the_rules(tags):
-    from node.memory.rows import _check_tags
+    from memmesh.node.memory.rows import _check_tags
 
     try:
         expected = _reference_check_tags(tags)
@@ -740,9 +740,9 @@ def test_tag_check_fast_path_is_as_strict_as_the_rules(tags):
 
 
 def test_parse_embeddings_gives_parse_embedding_verdicts(caplog):
-    from crdt.database import RowRecord
+    from memmesh.crdt.database import RowRecord
 
-    from node.memory.rows import parse_embeddings
+    from memmesh.node.memory.rows import parse_embeddings
 
     eid = "sha256:" + "b" * 64
     rnd = random.Random(4)
@@ -760,7 +760,7 @@ def test_parse_embeddings_gives_parse_embedding_verdicts(caplog):
         ]))
     records = [RowRecord(STORE, f"2/{i}", v, eid, "author", 0, (1, eid, i)) for i, v in enumerate(values)]
     for dim in (None, 3, 4):
-        with caplog.at_level(logging.DEBUG, logger="node.memory.rows"):
+        with caplog.at_level(logging.DEBUG, logger="memmesh.node.memory.rows"):
             caplog.clear()
             one = [parse_embedding(r, dim) for r in records]
             logs_one = sorted(caplog.messages)

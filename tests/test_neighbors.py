@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from auth.errors import AuthError, MemmeshError
-from node.cli import main
-from node.commands.params import ParamsError
-from node.config_apply import reload_config
-from node.memory.graph import NoSuchMemory, split_target
-from node.settings import CONFIG_FILE, ToolNotAllowed
+from memmesh.auth.errors import AuthError, MemmeshError
+from memmesh.node.cli import main
+from memmesh.node.commands.params import ParamsError
+from memmesh.node.config_apply import reload_config
+from memmesh.node.memory.graph import NoSuchMemory, split_target
+from memmesh.node.settings import CONFIG_FILE, ToolNotAllowed
 
 # alpha's own memory, bank "team" (alpha reads it), bank "secret" (alpha holds nothing on it);
 # "writer" writes the banks.

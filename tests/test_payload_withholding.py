@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from auth.errors import AuthError
-from crdt.database import Database
-from crdt.erasure import ERASE, EraseOp
-from crdt.storage import MemoryStorage
-from node.storage import SqliteStorage
+from memmesh.auth.errors import AuthError
+from memmesh.crdt.database import Database
+from memmesh.crdt.erasure import ERASE, EraseOp
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node.storage import SqliteStorage
 from tests.dbkit import craft, feed, grant, key, new_db, replica, rows_update, state, write
 
 ADMIN, ALICE, BOB, MALLORY = key(1), key(2), key(3), key(4)

@@ -8,7 +8,7 @@ from collections import Counter
 import msgpack
 import pytest
 
-from node.sync.peerbook import CAP_MS, PeerBook, PeerBookError, PeerRecord
+from memmesh.node.sync.peerbook import CAP_MS, PeerBook, PeerBookError, PeerRecord
 from tests.dbkit import key_str
 
 DB = "sha256:" + "ab" * 32

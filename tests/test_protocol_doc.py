@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from auth.keys import SigningKey
-from crdt.entry import (
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.entry import (
     MAX_ENTRY_BYTES,
     MAX_HEADER_BYTES,
     MAX_PARENTS,
@@ -31,8 +31,8 @@ from crdt.entry import (
     decode_entry,
     sign_entry,
 )
-from crdt.errors import RejectedError, UpdateRejected
-from crdt.yjs import (
+from memmesh.crdt.errors import RejectedError, UpdateRejected
+from memmesh.crdt.yjs import (
     MAX_DEPTH,
     Row,
     check_append,
@@ -211,7 +211,7 @@ def test_example_client_is_the_test_vector_key():
 
 
 def test_example_is_the_row_remember_writes():
-    from node.memory.rows import MEMORY_STORE, memory_value
+    from memmesh.node.memory.rows import MEMORY_STORE, memory_value
 
     row = memory_value("deploy", "nix build", ["ops"])
     assert row == VALUE and list(row) == list(VALUE)
@@ -300,8 +300,8 @@ def test_example_descriptor(doc):
 def test_a_node_accepts_an_entry_carrying_the_example(doc):
     """End to end: an entry whose memory payload is the doc's bytes is accepted and applied;
     one whose descriptor claims another clock range is refused as 3.3.1 says."""
-    from crdt.database import Database
-    from crdt.storage import MemoryStorage
+    from memmesh.crdt.database import Database
+    from memmesh.crdt.storage import MemoryStorage
 
     data = bytes.fromhex(_full_hex(doc))
     key = _key()
@@ -485,7 +485,7 @@ def test_info_bits_table(doc):
         code = _codes(r["in a row insert"])
         assert len(code) == 1
         if mask == 0x1F:  # the content ref: every other ref is refused
-            from crdt.yjs import _CONTENT_NAMES
+            from memmesh.crdt.yjs import _CONTENT_NAMES
 
             assert info & mask == want
             assert re.search(rf"`{want}` = Content(\w+)", r["meaning"]).group(1) == _CONTENT_NAMES[want]
@@ -684,8 +684,8 @@ def _entry_probe(cap: int) -> str | None:
 
 
 def _store_chars_probe(chars: set[str]) -> str | None:
-    from crdt.database import STORE_NAME_CHARS, Database, valid_store_name
-    from crdt.storage import MemoryStorage
+    from memmesh.crdt.database import STORE_NAME_CHARS, Database, valid_store_name
+    from memmesh.crdt.storage import MemoryStorage
 
     assert chars == STORE_NAME_CHARS
     assert all(valid_store_name(c) for c in chars)
@@ -808,7 +808,7 @@ def test_caps_lower_bounds(doc):
 def test_integer_fields_need_an_integer_tag(doc):
     """3.3.2 "Numbers": 125 and 122 decode as integers, 124 and 123 as floats, and a settings
     grant's priority must be an integer."""
-    from auth.ops import parse_op
+    from memmesh.auth.ops import parse_op
 
     text = _flat(_section(doc, "#### 3.3.2 "))
     assert "tags 125 and 122 decode as integers and 124 and 123 as floats" in text

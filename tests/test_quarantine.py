@@ -23,15 +23,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from auth.errors import AuthError
-from auth.ops import GrantOp
-from crdt.database import Database
-from crdt.storage import MemoryStorage
-import node.commands.quarantine  # noqa: F401  (registers the commands until node/commands imports it)
-from node import Node
-from node.commands import ParamsError
-from node.commands.quarantine import AlreadyReleased, UnknownQuarantine
-from node.memory.quarantine import (
+from memmesh.auth.errors import AuthError
+from memmesh.auth.ops import GrantOp
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
+import memmesh.node.commands.quarantine  # noqa: F401  (registers the commands until node/commands imports it)
+from memmesh.node import Node
+from memmesh.node.commands import ParamsError
+from memmesh.node.commands.quarantine import AlreadyReleased, UnknownQuarantine
+from memmesh.node.memory.quarantine import (
     QUARANTINE_STORE,
     Quarantine,
     hidden_mask,
@@ -40,8 +40,8 @@ from node.memory.quarantine import (
     quarantines,
     release_value,
 )
-from node.memory.rows import MemoryInputError
-from node.registry import UnknownName
+from memmesh.node.memory.rows import MemoryInputError
+from memmesh.node.registry import UnknownName
 from tests.dbkit import craft, feed, key, key_str, next_clock, revoke, rows_update, write
 from tests.homes import agent_with_bank
 from tests.test_cli import mm_here

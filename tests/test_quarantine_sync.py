@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from node import Node
+from memmesh.node import Node
 from tests.homes import agent_with_bank
 from tests.procs import Serve, processes, until
 

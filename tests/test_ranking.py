@@ -10,17 +10,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.memory import bm25 as bm25_module
-from node.memory.bm25 import InvertedIndex
-from node.memory.fusion import rank_candidates, rrf
-from node.memory.tokens import (
+from memmesh.node.memory import bm25 as bm25_module
+from memmesh.node.memory.bm25 import InvertedIndex
+from memmesh.node.memory.fusion import rank_candidates, rrf
+from memmesh.node.memory.tokens import (
     STOPWORDS,
     autorecall_query_tokens,
     document_text,
     tokenize,
 )
-from node.memory import vectors as vectors_module
-from node.memory.vectors import VectorIndex
+from memmesh.node.memory import vectors as vectors_module
+from memmesh.node.memory.vectors import VectorIndex
 
 # --------------------------------------------------------------------------- tokens
 

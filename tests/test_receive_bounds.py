@@ -31,12 +31,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crdt.database import MAX_UNACCEPTED_BYTES, MAX_UNACCEPTED_ENTRIES, Database
-from crdt.entry import Entry, client_id_for, id_of, sign_entry
-from crdt.pending import MiB, PendingLimits
-from crdt.storage import MemoryStorage, PendingRecord, StoredEntry
-from crdt.yjs import encode_rows
-from node.storage import SqliteStorage
+from memmesh.crdt.database import MAX_UNACCEPTED_BYTES, MAX_UNACCEPTED_ENTRIES, Database
+from memmesh.crdt.entry import Entry, client_id_for, id_of, sign_entry
+from memmesh.crdt.pending import MiB, PendingLimits
+from memmesh.crdt.storage import MemoryStorage, PendingRecord, StoredEntry
+from memmesh.crdt.yjs import encode_rows
+from memmesh.node.storage import SqliteStorage
 from tests.dbkit import craft, feed, grant, key, new_db, next_clock, replica, revoke, rows_update, state, write
 
 ADMIN, HONEST, REVOKED, FORKER, FORKER2, FORKER3 = key(1), key(2), key(3), key(4), key(5), key(6)

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from node import Node
-from node.cli_args import COMMAND, build_parser, command_of
-from node.commands import REGISTRY, ParamsError, UnknownCommand
-from node.commands.tools import TOOLS
-from node.library import run_in_home
+from memmesh.node import Node
+from memmesh.node.cli_args import COMMAND, build_parser, command_of
+from memmesh.node.commands import REGISTRY, ParamsError, UnknownCommand
+from memmesh.node.commands.tools import TOOLS
+from memmesh.node.library import run_in_home
 from tests.test_cli import mm_here
 
 

@@ -8,11 +8,11 @@ import zlib
 
 import pytest
 
-from crdt.database import Database
-from crdt.storage import MemoryStorage
-from node.retention import (
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node.retention import (
     DAY_MS, EPISODES_STORE, HISTORY_TEXT_STORE, PolicyError, plan, policy_in_force, policy_value, run)
-from node.episodes.methods import method_id, promoted
+from memmesh.node.episodes.methods import method_id, promoted
 from tests.dbkit import feed, grant, key, replica, write
 
 T0 = 1_700_000_000_000
@@ -140,7 +140,7 @@ def test_the_preview_is_the_run_and_replicas_end_with_the_same_entries(setup):
 
 
 def test_through_the_cli_set_show_preview_and_run(tmp_path):
-    from node import Node
+    from memmesh.node import Node
 
     node = Node.open(tmp_path / "home")
     try:

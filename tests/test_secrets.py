@@ -16,16 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auth.errors import MemmeshError
-from auth.keys import SigningKey, encode_private
-from crdt.entry import raw_to_id
-from node.memory import secrets
-from node.memory.secrets import (
+from memmesh.auth.errors import MemmeshError
+from memmesh.auth.keys import SigningKey, encode_private
+from memmesh.crdt.entry import raw_to_id
+from memmesh.node.memory import secrets
+from memmesh.node.memory.secrets import (
     SECRETS_TAG, SecretsInputError, _plugins, _Window, find_secret,
     secret_reason,
 )
 from tests.oracles import find_secret_unfiltered
-from tickets import encode, issue
+from memmesh.tickets import encode, issue
 
 ROOT = Path(__file__).resolve().parent.parent
 

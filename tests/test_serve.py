@@ -26,19 +26,19 @@ import pytest
 from aiohttp import web
 from pydantic import Field
 
-from auth.errors import MemmeshError
-from node import Node
-from node.cli import failure, main
-from node.commands import ParamsError, UnknownCommand
-from node.commands.params import NoParams, Params
-from node.commands.registry import Registry
-from node.commands.result import Result
-from node.control import SERVE_JSON, SERVE_SOCK, ControlClient, RemoteError, _UnixConnection, lock_holder, remote
-from node.serve import ControlChannel, LogFormatter
-from node.worker import DbThread
+from memmesh.auth.errors import MemmeshError
+from memmesh.node import Node
+from memmesh.node.cli import failure, main
+from memmesh.node.commands import ParamsError, UnknownCommand
+from memmesh.node.commands.params import NoParams, Params
+from memmesh.node.commands.registry import Registry
+from memmesh.node.commands.result import Result
+from memmesh.node.control import SERVE_JSON, SERVE_SOCK, ControlClient, RemoteError, _UnixConnection, lock_holder, remote
+from memmesh.node.serve import ControlChannel, LogFormatter
+from memmesh.node.worker import DbThread
 from tests.test_cli import mm
 
-CLI = [sys.executable, "-m", "node.cli"]
+CLI = [sys.executable, "-m", "memmesh.node.cli"]
 START_TIMEOUT_S = 20.0  # a cold interpreter importing memmesh; usually about a second
 HANG_GUARD_S = 60.0  # only so that a hang fails: nothing here asserts how long anything took
 

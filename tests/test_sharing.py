@@ -7,12 +7,12 @@ import time
 import pytest
 from aiohttp import web
 
-from node import Node
-from node.sync import messages as m
-from node.sync import sharing
-from node.sync.service import SyncService
-from node.worker import run_here
-from tickets import TicketRejected, decode, encode
+from memmesh.node import Node
+from memmesh.node.sync import messages as m
+from memmesh.node.sync import sharing
+from memmesh.node.sync.service import SyncService
+from memmesh.node.worker import run_here
+from memmesh.tickets import TicketRejected, decode, encode
 
 
 @pytest.fixture
@@ -147,8 +147,8 @@ async def test_unshare_stops_serving(issuer, tmp_path):
 
 async def test_a_ticket_for_a_database_the_issuer_does_not_serve_writes_nothing(issuer, tmp_path):
     """Signed by the issuing node itself, but for another database: refused, nothing written."""
-    from auth.keys import SigningKey
-    from tickets import issue
+    from memmesh.auth.keys import SigningKey
+    from memmesh.tickets import issue
 
     other_db = "sha256:" + "ab" * 32
     forged = encode(issue(issuer.peer_key, db=other_db, addresses=[issuer.sync.address()], perm="write",

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from auth.errors import MemmeshError
-from node import Node
-from node.sync.protocol import ExchangeStats
+from memmesh.auth.errors import MemmeshError
+from memmesh.node import Node
+from memmesh.node.sync.protocol import ExchangeStats
 from tests.dbkit import craft, key, rows_update
 from tests.procs import processes, until
 from tests.test_cli import mm

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from crdt.errors import DamagedError, StorageError
-from crdt.storage import Aside, MemoryStorage, PendingRecord, Storage, StoredEntry
-from node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage, _statements
+from memmesh.crdt.errors import DamagedError, StorageError
+from memmesh.crdt.storage import Aside, MemoryStorage, PendingRecord, Storage, StoredEntry
+from memmesh.node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage, _statements
 
 try:
     from storage_conformance import StorageConformance, make_entry

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from node.sync import messages as m
-from node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
-from node.sync.protocol import Client, Exchange, SyncError, SyncServer
+from memmesh.node.sync import messages as m
+from memmesh.node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
+from memmesh.node.sync.protocol import Client, Exchange, SyncError, SyncServer
 from tests.dbkit import grant, key, new_db, state, write
 from tests.test_sync_protocol import Node, _fresh
 

@@ -34,15 +34,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from auth.keys import SigningKey
-from auth.ops import RevokeOp
-from crdt.entry import client_id_for, sign_entry
-from crdt.yjs import encode_rows
-from node import Node
-from node.memory.view import MAX_LIMIT
-from node.sync import messages as m
-from node.sync.http import HttpTransport, call
-from node.sync.protocol import Client, SyncError
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.ops import RevokeOp
+from memmesh.crdt.entry import client_id_for, sign_entry
+from memmesh.crdt.yjs import encode_rows
+from memmesh.node import Node
+from memmesh.node.memory.view import MAX_LIMIT
+from memmesh.node.sync import messages as m
+from memmesh.node.sync.http import HttpTransport, call
+from memmesh.node.sync.protocol import Client, SyncError
 from tests.procs import Processes, Serve, processes, until
 from tests.test_cli import mm
 
@@ -250,8 +250,8 @@ class Writer:
         assert not self._thread.is_alive(), f"writer {self.agent} did not stop"
 
     def _run(self) -> None:
-        from auth.errors import MemmeshError
-        from node.control import ServeError
+        from memmesh.auth.errors import MemmeshError
+        from memmesh.node.control import ServeError
 
         client, pid, n = None, None, 0
         while not self._stop.is_set():
@@ -659,7 +659,7 @@ def _error(body: bytes) -> m.ErrorReply:
 
 
 def test_adversarial_requests_against_a_serve_process(tmp_path):
-    from crdt.entry import id_to_raw
+    from memmesh.crdt.entry import id_to_raw
 
     home = tmp_path / "node"
     _init(home)

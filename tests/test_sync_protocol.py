@@ -6,12 +6,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from auth.permissions import holds
-from crdt.database import Database
-from crdt.storage import MemoryStorage
-from node.sync import messages as m
-from node.sync.envelope import H_NONCE, H_SIGNATURE, H_TIME, sign_request
-from node.sync.protocol import Client, Exchange, SyncError, SyncServer, hello
+from memmesh.auth.permissions import holds
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node.sync import messages as m
+from memmesh.node.sync.envelope import H_NONCE, H_SIGNATURE, H_TIME, sign_request
+from memmesh.node.sync.protocol import Client, Exchange, SyncError, SyncServer, hello
 from tests.dbkit import craft, grant, key, new_db, rows_update, state, write
 
 ADMIN, ALICE, BOB = key(1), key(2), key(3)
@@ -274,8 +274,8 @@ def test_signed_request_vector():
     import re
     from pathlib import Path
 
-    from auth.keys import SigningKey
-    from node.sync.envelope import request_message
+    from memmesh.auth.keys import SigningKey
+    from memmesh.node.sync.envelope import request_message
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
     block = doc.split("<!-- sync-request-vector -->", 1)[1].split("```")[1]
@@ -295,7 +295,7 @@ def test_signed_request_vector():
 def test_a_payload_that_has_not_arrived_is_fetched_again(bank):
     """A header taken in without its payload (under an erase that is not valid) is refetched
     whole by the next exchange and filled in."""
-    from crdt.erasure import ERASE, EraseOp
+    from memmesh.crdt.erasure import ERASE, EraseOp
 
     target = next(r.entry_id for r in bank.rows("memory"))
     forged = craft(bank, BOB, {ERASE: rows_update(BOB, ERASE, 0, [EraseOp(target, "memory", str(ALICE.public)).value()])})
@@ -313,7 +313,7 @@ def test_a_payload_that_has_not_arrived_is_fetched_again(bank):
 def test_a_large_pulled_page_is_taken_in_slices(bank, monkeypatch):
     """A pulled page is ingested a slice at a time (the driver runs each slice as its own job
     on the database thread, so other work runs in between); the result is the same as whole."""
-    import node.sync.protocol as protocol
+    import memmesh.node.sync.protocol as protocol
     monkeypatch.setattr(protocol, "SLICE_S", 0.0)  # every chunk ends a slice
     monkeypatch.setattr(protocol, "PUSH_SLICE_ENTRIES", 8)
     server, _ = _server(bank)

@@ -2,8 +2,8 @@
 bytes, both entries of a fork, and an event after each commit that stored entries."""
 from __future__ import annotations
 
-from crdt.database import Database
-from crdt.storage import MemoryStorage
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
 from tests.dbkit import craft, feed, grant, key, new_db, replica, rows_update, state, write
 
 ADMIN, ALICE, BOB = key(1), key(2), key(3)

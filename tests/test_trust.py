@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from node import Node, commands
-from node.memory.embedders import EmbedderConfig
-from node.memory.framing import HEADING
-from node.memory.service import Ranking
-from node.memory.timeline import Filters
+from memmesh.node import Node, commands
+from memmesh.node.memory.embedders import EmbedderConfig
+from memmesh.node.memory.framing import HEADING
+from memmesh.node.memory.service import Ranking
+from memmesh.node.memory.timeline import Filters
 
 AWS_KEY = "AKIAZ7QX4N2KLM5PWR3T"  # the shape of an AWS access key id (not a real one)
 
@@ -92,8 +92,8 @@ def test_an_ingested_row_sinks_by_its_weight(node):
 
 
 def _ranking(node, agent):
-    from node.memory.agents import agent_state
-    from node.settings import memory_defaults
+    from memmesh.node.memory.agents import agent_state
+    from memmesh.node.settings import memory_defaults
     return Ranking.of(agent, agent_state(agent.db, memory_defaults(node)).config)
 
 

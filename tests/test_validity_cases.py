@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import random
 
-from auth.ops import GrantOp, RevokeOp
-from auth.permissions import Admin, Write
-from crdt import validity
-from crdt.validity import (
+from memmesh.auth.ops import GrantOp, RevokeOp
+from memmesh.auth.permissions import Admin, Write
+from memmesh.crdt import validity
+from memmesh.crdt.validity import (
     Evaluator,
     Event,
     Verdict,

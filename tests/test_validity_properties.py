@@ -17,9 +17,9 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from auth.ops import GrantOp, RevokeOp
-from auth.permissions import Permission, rank
-from crdt.validity import (
+from memmesh.auth.ops import GrantOp, RevokeOp
+from memmesh.auth.permissions import Permission, rank
+from memmesh.crdt.validity import (
     Evaluator,
     Event,
     Verdict,

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.wal_check import FRAME_HEADER, WAL_HEADER, WalReport, _Summer, check_wal, checksum, read_wal_index
+from memmesh.node.wal_check import FRAME_HEADER, WAL_HEADER, WalReport, _Summer, check_wal, checksum, read_wal_index
 
 PAGE = 512
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from node.worker import DbThread, Network
+from memmesh.node.worker import DbThread, Network
 
 
 def test_runs_in_order_on_one_thread():

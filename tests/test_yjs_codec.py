@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pycrdt import Array, Doc, Map, Text
 
-from crdt.errors import MemmeshError, RejectedError, UpdateRejected
-from crdt.yjs import (
+from memmesh.crdt.errors import MemmeshError, RejectedError, UpdateRejected
+from memmesh.crdt.yjs import (
     MAX_DEPTH,
     DecodedUpdate,
     Row,

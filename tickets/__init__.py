@@ -2,7 +2,7 @@
 
 See tickets.ticket and docs/protocol.md section 5.
 """
-from tickets.ticket import (
+from memmesh.tickets.ticket import (
     EXPIRED,
     FIELD,
     FORMAT,

@@ -25,12 +25,12 @@ from typing import Iterable
 
 import msgpack
 
-from auth.b64url import b64url_decode, b64url_encode
-from auth.errors import KeyFormatError, RejectedError
-from auth.keys import DOMAIN_TICKET, PublicKey, SigningKey, verify
-from auth.permissions import ADMIN, LEVELS, MAX_PRIORITY, READ_LEVEL, Permission
-from crdt.entry import id_to_raw, raw_to_id
-from crdt.errors import EntryRejected
+from memmesh.auth.b64url import b64url_decode, b64url_encode
+from memmesh.auth.errors import KeyFormatError, RejectedError
+from memmesh.auth.keys import DOMAIN_TICKET, PublicKey, SigningKey, verify
+from memmesh.auth.permissions import ADMIN, LEVELS, MAX_PRIORITY, READ_LEVEL, Permission
+from memmesh.crdt.entry import id_to_raw, raw_to_id
+from memmesh.crdt.errors import EntryRejected
 
 __all__ = [
     "Ticket", "TicketRejected", "Address", "issue", "encode", "decode", "verify_signature",

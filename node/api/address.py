@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from node.commands.serving import parse_listen
-from node.control import ServeError
-from node.settings import ApiSpec
+from memmesh.node.commands.serving import parse_listen
+from memmesh.node.control import ServeError
+from memmesh.node.settings import ApiSpec
 
 OFF = "off"
 

@@ -26,19 +26,19 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.web_protocol import RequestPayloadError
 
-from node.api import errors
-from node.api.errors import HttpError, envelope, kind_of
-from node.api.openapi import document
-from node.api.live import Live, add_live, is_public
-from node.api.live import openapi_paths as live_paths
-from node.api.page import add_page, is_page, openapi_paths
-from node.api.routes import OPENAPI_PATH, Route, build_routes
-from node.api.token import matches
-from node.cli import failure
-from node.commands import REGISTRY
-from node.commands.params import MAX_DEPTH, json_nesting, no_json_constant, unique_keys
-from node.commands.registry import Registry
-from node.commands.result import Result
+from memmesh.node.api import errors
+from memmesh.node.api.errors import HttpError, envelope, kind_of
+from memmesh.node.api.openapi import document
+from memmesh.node.api.live import Live, add_live, is_public
+from memmesh.node.api.live import openapi_paths as live_paths
+from memmesh.node.api.page import add_page, is_page, openapi_paths
+from memmesh.node.api.routes import OPENAPI_PATH, Route, build_routes
+from memmesh.node.api.token import matches
+from memmesh.node.cli import failure
+from memmesh.node.commands import REGISTRY
+from memmesh.node.commands.params import MAX_DEPTH, json_nesting, no_json_constant, unique_keys
+from memmesh.node.commands.registry import Registry
+from memmesh.node.commands.result import Result
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a memory's value is at most a few KiB; nothing needs more
 # No command takes parameters nested more than a few levels (edges, a config value's mapping);

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from auth.errors import AuthError, MemmeshError
-from node.commands.audit import UnknownEntry
-from node.commands.params import ParamsError
-from node.commands.registry import UnknownCommand
-from node.registry import NameTaken, UnknownName
-from node.settings import ToolNotAllowed
+from memmesh.auth.errors import AuthError, MemmeshError
+from memmesh.node.commands.audit import UnknownEntry
+from memmesh.node.commands.params import ParamsError
+from memmesh.node.commands.registry import UnknownCommand
+from memmesh.node.registry import NameTaken, UnknownName
+from memmesh.node.settings import ToolNotAllowed
 
 
 @dataclass(frozen=True)

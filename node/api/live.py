@@ -20,11 +20,11 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from node.api import errors
-from node.api.errors import HttpError
-from node.api.metrics import CONTENT_TYPE, render
-from node.commands.result import Result
-from node.events import EVENT_TYPES, Event, EventBus
+from memmesh.node.api import errors
+from memmesh.node.api.errors import HttpError
+from memmesh.node.api.metrics import CONTENT_TYPE, render
+from memmesh.node.commands.result import Result
+from memmesh.node.events import EVENT_TYPES, Event, EventBus
 
 EVENTS_PATH = "/v1/events"
 METRICS_PATH = "/metrics"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from node.events import source_of
+from memmesh.node.events import source_of
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

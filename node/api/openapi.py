@@ -11,9 +11,9 @@ import copy
 from importlib import metadata
 from typing import Any
 
-from node.api.errors import BODY_TOO_LARGE, CODES, INVALID_JSON, KINDS, UNSUPPORTED_MEDIA_TYPE, Kind
-from node.api.routes import OPENAPI_PATH, Route
-from node.commands.params import Params
+from memmesh.node.api.errors import BODY_TOO_LARGE, CODES, INVALID_JSON, KINDS, UNSUPPORTED_MEDIA_TYPE, Kind
+from memmesh.node.api.routes import OPENAPI_PATH, Route
+from memmesh.node.commands.params import Params
 
 REF = "#/components/schemas/{model}"
 BODYLESS = {INVALID_JSON, BODY_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE}  # what a GET without a body cannot get

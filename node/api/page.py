@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from node.api import errors
-from node.api.errors import HttpError
+from memmesh.node.api import errors
+from memmesh.node.api.errors import HttpError
 
 INDEX_PATH = "/"
 FILE_PATH = "/ui/{file}"
@@ -42,7 +42,7 @@ def add_page(app: web.Application) -> None:
 
 def _files() -> dict[str, tuple[bytes, str]]:
     out: dict[str, tuple[bytes, str]] = {}
-    for item in resources.files("node.api").joinpath("static").iterdir():
+    for item in resources.files("memmesh.node.api").joinpath("static").iterdir():
         suffix = "." + item.name.rpartition(".")[2]
         if item.is_file() and suffix in TYPES:
             out[item.name] = (item.read_bytes(), TYPES[suffix])

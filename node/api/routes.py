@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from node.commands import REGISTRY
-from node.commands.params import Params, ParamsError
-from node.commands.registry import Command, Registry
-from node.commands.tools import TOOLS
+from memmesh.node.commands import REGISTRY
+from memmesh.node.commands.params import Params, ParamsError
+from memmesh.node.commands.registry import Command, Registry
+from memmesh.node.commands.tools import TOOLS
 
 PREFIX = "/v1"
 OPENAPI_PATH = f"{PREFIX}/openapi.json"

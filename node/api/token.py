@@ -11,7 +11,7 @@ import os
 import secrets
 from pathlib import Path
 
-from auth.errors import MemmeshError
+from memmesh.auth.errors import MemmeshError
 
 TOKEN_FILE = "api.token"
 TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 43 characters, 256 bits

@@ -15,34 +15,34 @@ from typing import TYPE_CHECKING, Any, Callable
 
 # Importing a handler module registers its commands; this order is the CLI's help order.
 # One module a line, so that adding one is a one-line change.
-from node.commands import node_status  # noqa: F401
-from node.commands import agents  # noqa: F401
-from node.commands import tools  # noqa: F401
-from node.commands import embedder  # noqa: F401
-from node.commands import banks  # noqa: F401
-from node.commands import config  # noqa: F401
-from node.commands import settings  # noqa: F401
-from node.commands import reindex  # noqa: F401
-from node.commands import usage  # noqa: F401
-from node.commands import audit  # noqa: F401
-from node.commands import sync  # noqa: F401
-from node.commands import chat  # noqa: F401
-from node.commands import backup  # noqa: F401
-from node.commands import check  # noqa: F401
-from node.commands import fence  # noqa: F401
-from node.commands import serving  # noqa: F401  (memmesh serve; its handler imports node/serve.py lazily)
-from node.commands import mcp  # noqa: F401
-from node.commands import quarantine  # noqa: F401
-from node.commands import recall_status  # noqa: F401
-from node.commands import retention  # noqa: F401
-from node.commands import episodes  # noqa: F401
-from node.commands import history  # noqa: F401
-from node.commands.params import Params, ParamsError
-from node.commands.registry import REGISTRY, Command, EventSink, UnknownCommand, progress_sink
-from node.commands.result import Result, json_text
+from memmesh.node.commands import node_status  # noqa: F401
+from memmesh.node.commands import agents  # noqa: F401
+from memmesh.node.commands import tools  # noqa: F401
+from memmesh.node.commands import embedder  # noqa: F401
+from memmesh.node.commands import banks  # noqa: F401
+from memmesh.node.commands import config  # noqa: F401
+from memmesh.node.commands import settings  # noqa: F401
+from memmesh.node.commands import reindex  # noqa: F401
+from memmesh.node.commands import usage  # noqa: F401
+from memmesh.node.commands import audit  # noqa: F401
+from memmesh.node.commands import sync  # noqa: F401
+from memmesh.node.commands import chat  # noqa: F401
+from memmesh.node.commands import backup  # noqa: F401
+from memmesh.node.commands import check  # noqa: F401
+from memmesh.node.commands import fence  # noqa: F401
+from memmesh.node.commands import serving  # noqa: F401  (memmesh serve; its handler imports node/serve.py lazily)
+from memmesh.node.commands import mcp  # noqa: F401
+from memmesh.node.commands import quarantine  # noqa: F401
+from memmesh.node.commands import recall_status  # noqa: F401
+from memmesh.node.commands import retention  # noqa: F401
+from memmesh.node.commands import episodes  # noqa: F401
+from memmesh.node.commands import history  # noqa: F401
+from memmesh.node.commands.params import Params, ParamsError
+from memmesh.node.commands.registry import REGISTRY, Command, EventSink, UnknownCommand, progress_sink
+from memmesh.node.commands.result import Result, json_text
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 __all__ = ["REGISTRY", "Command", "EventSink", "Params", "ParamsError", "Result", "UnknownCommand",
            "json_text", "progress_sink"]

@@ -5,12 +5,12 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from node.commands.params import Cli, NoParams, Params
-from node.commands.registry import REGISTRY, command
-from node.commands.result import Result
+from memmesh.node.commands.params import Cli, NoParams, Params
+from memmesh.node.commands.registry import REGISTRY, command
+from memmesh.node.commands.result import Result
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 REGISTRY.group("agent", "create and list agents")
 
@@ -32,8 +32,8 @@ ALL_SESSIONS = "*"  # the key of banks attached for every session, in ``attached
 @command("agent.list", NoParams, "list the agents of this node, their attached banks and auto-recall config",
          read_only=True)
 def agent_list(node: "Node", p: NoParams) -> Result:
-    from node.memory.agents import agent_state
-    from node.settings import memory_defaults
+    from memmesh.node.memory.agents import agent_state
+    from memmesh.node.settings import memory_defaults
 
     rows = []
     defaults = memory_defaults(node)

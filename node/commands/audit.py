@@ -5,14 +5,14 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from auth.errors import MemmeshError
-from crdt.database import Database
-from node.commands.params import Cli, Params
-from node.commands.registry import command
-from node.commands.result import Result
+from memmesh.auth.errors import MemmeshError
+from memmesh.crdt.database import Database
+from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 
 class UnknownEntry(MemmeshError):

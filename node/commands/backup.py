@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Annotated, Iterator
 
 from pydantic import Field, field_validator
 
-from auth.errors import MemmeshError
-from crdt.clock import now_ms
-from crdt.errors import DamagedError
-from crdt.storage import Storage
-from node.commands.params import Cli, Params
-from node.commands.registry import command
-from node.commands.result import Result
-from node.home import KEYS_DIR, LOCK_FILE, PEER_KEY, STORAGE_FILE
+from memmesh.auth.errors import MemmeshError
+from memmesh.crdt.clock import now_ms
+from memmesh.crdt.errors import DamagedError
+from memmesh.crdt.storage import Storage
+from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
+from memmesh.node.home import KEYS_DIR, LOCK_FILE, PEER_KEY, STORAGE_FILE
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 # Besides the storage file and keys/: what a home holds that a restore needs.
 SIDE_FILES = ("config.yaml", "api.token")
@@ -214,7 +214,7 @@ def _check_places(src: Path, home: Path) -> None:
 
 
 def _holder(home: Path) -> str | None:
-    from node.control import lock_holder  # light: the control client, no node
+    from memmesh.node.control import lock_holder  # light: the control client, no node
 
     return lock_holder(home)
 
@@ -223,7 +223,7 @@ def _holder(home: Path) -> str | None:
 def _held(home: Path) -> Iterator[bool]:
     """Hold the home's lock for the body, refusing if anyone has it (serve, a command); yields
     whether the home holds anything (False: missing or an empty directory)."""
-    from node.control import read_info
+    from memmesh.node.control import read_info
 
     if not home.exists():
         yield False
@@ -264,8 +264,8 @@ def _copy_backup(src: Path, dest: Path) -> dict:
     """Copy the backup's files into ``dest`` (0700 directories, 0600 files, flushed to disk),
     then open the copy to check it is a home: the storage file as memmesh opens it and passes
     SQLite's integrity check, every key file loads. The backup itself is only read."""
-    from node.keystore import load_key
-    from node.storage import SqliteStorage
+    from memmesh.node.keystore import load_key
+    from memmesh.node.storage import SqliteStorage
 
     os.chmod(dest, 0o700)
     # A backup that was itself opened as a home may hold committed pages in its WAL: copy it
@@ -311,10 +311,10 @@ def _fence(storage: Storage, peer_key: str, own: set[str]) -> list[str]:
     """Fence every database of the copy that another node may hold (node/fence.py): its agents
     may have written after the backup, and peers may hold those entries. The names (or ids)
     of the databases fenced, all in one transaction of peer-local records."""
-    from crdt.database import Database
-    from node import fence
-    from node.registry import Registry
-    from node.sync.state import SyncState
+    from memmesh.crdt.database import Database
+    from memmesh.node import fence
+    from memmesh.node.registry import Registry
+    from memmesh.node.sync.state import SyncState
 
     sync = SyncState(storage, peer_key)
     registry = Registry(storage)

@@ -5,17 +5,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from auth.errors import AuthError
-from node.commands.params import BankRef, Cli, NoParams, Params
-from node.commands.registry import REGISTRY, command
-from node.commands.result import Result
-from node.memory.agents import Change, Grantee, NotGranted
-from node.memory.holders import Directory, grantee
-from node.memory.service import perm_name
+from memmesh.auth.errors import AuthError
+from memmesh.node.commands.params import BankRef, Cli, NoParams, Params
+from memmesh.node.commands.registry import REGISTRY, command
+from memmesh.node.commands.result import Result
+from memmesh.node.memory.agents import Change, Grantee, NotGranted
+from memmesh.node.memory.holders import Directory, grantee
+from memmesh.node.memory.service import perm_name
 
 if TYPE_CHECKING:
-    from node.library import Node
-    from node.memory.agents import BankRef as Bank
+    from memmesh.node.library import Node
+    from memmesh.node.memory.agents import BankRef as Bank
 
 REGISTRY.group("memory", "memory banks: new, list, delete, grant, grants, revoke, attach, detach, config, reindex, stats")
 
@@ -56,7 +56,7 @@ class MemoryDelete(Params):
 
 @command("memory.delete", MemoryDelete, "unregister a bank (its data is kept as an archive)")
 def memory_delete(node: "Node", p: MemoryDelete) -> Result:
-    from node.sync.sharing import end_invites  # an invite of a deleted bank must never import it
+    from memmesh.node.sync.sharing import end_invites  # an invite of a deleted bank must never import it
     # Invites end first: should that fail, the bank is still registered and the command can be
     # run again (the other way round, a retry would find no bank and the invites would live on).
     end_invites(node, node.agents.resolve(p.ref).db.id, "deleted")

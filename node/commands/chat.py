@@ -5,12 +5,12 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from node.commands.params import Cli, Params
-from node.commands.registry import REGISTRY, EventSink, command
-from node.commands.result import Result
+from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.registry import REGISTRY, EventSink, command
+from memmesh.node.commands.result import Result
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 
 # A chat line names a bank, a key, a few words of description: 16 KiB is far above any of
@@ -34,7 +34,7 @@ class ChatCommand(Params):
 def run_line(node: "Node", p: ChatCommand, *, events: EventSink) -> Result:
     # Imported here: node/chat.py derives its grammar from the CLI's helpers, which import
     # this package, still being initialised while its handler modules register.
-    from node import chat
+    from memmesh.node import chat
 
     name, params = chat.parse(p.line, agent=p.agent, session=p.session)
     node.agents.agent(p.agent)  # a line from an agent this node does not have is refused

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from node.commands.params import Params
-from node.commands.registry import EventSink, command
-from node.commands.result import Result
+from memmesh.node.commands.params import Params
+from memmesh.node.commands.registry import EventSink, command
+from memmesh.node.commands.result import Result
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 
 class Check(Params):
@@ -34,7 +34,7 @@ class Check(Params):
 def check(target: "Node | Path", p: Check, *, events: EventSink) -> Result:
     """Events: ``{"event": "progress", "bank": "check NAME", "done": n, "total": m, "unit": "entry"}``
     per batch of entries verified."""
-    from node.integrity import CheckRefused, check_home, check_open
+    from memmesh.node.integrity import CheckRefused, check_home, check_open
 
     if isinstance(target, Path):
         report = check_home(target, repair=p.repair, events=events)

@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from node.commands.params import AgentParams, Cli
-from node.commands.registry import command
-from node.commands.result import Result
-from node.memory.agents import CONFIG_DEFAULTS, agent_state, parse_config_value
-from node.settings import memory_defaults
+from memmesh.node.commands.params import AgentParams, Cli
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
+from memmesh.node.memory.agents import CONFIG_DEFAULTS, agent_state, parse_config_value
+from memmesh.node.settings import memory_defaults
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 
 class MemoryConfig(AgentParams):

@@ -5,14 +5,14 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, SecretStr
 
-from node.commands.params import Cli, NoParams, Params
-from node.commands.registry import REGISTRY, command
-from node.commands.result import Result
-from node.memory.embedders import PROVIDERS, EmbedderConfig
-from node.registry import EMBEDDER_SECRET
+from memmesh.node.commands.params import Cli, NoParams, Params
+from memmesh.node.commands.registry import REGISTRY, command
+from memmesh.node.commands.result import Result
+from memmesh.node.memory.embedders import PROVIDERS, EmbedderConfig
+from memmesh.node.registry import EMBEDDER_SECRET
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 REGISTRY.group("embedder", "choose the embedder used for semantic recall")
 

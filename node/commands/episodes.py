@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
-from auth.errors import AuthError, MemmeshError
-from auth.keys import SigningKey
-from auth.permissions import ADMIN, holds
-from node.commands.params import AgentParams, Cli, Params
-from node.commands.registry import REGISTRY, command
-from node.commands.result import Result
-from node.episodes.methods import METHODS_STORE, Learned, Method, learn, promote_value, promoted
-from node.episodes.plan import DEFAULT_EPISODES, MAX_CHARS, MAX_EPISODES, plan_context
-from node.episodes.record import (
+from memmesh.auth.errors import AuthError, MemmeshError
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.permissions import ADMIN, holds
+from memmesh.node.commands.params import AgentParams, Cli, Params
+from memmesh.node.commands.registry import REGISTRY, command
+from memmesh.node.commands.result import Result
+from memmesh.node.episodes.methods import METHODS_STORE, Learned, Method, learn, promote_value, promoted
+from memmesh.node.episodes.plan import DEFAULT_EPISODES, MAX_CHARS, MAX_EPISODES, plan_context
+from memmesh.node.episodes.record import (
     MAX_NOTE_CHARS,
     MAX_REASON_CHARS,
     MAX_STEPS,
@@ -36,14 +36,14 @@ from node.episodes.record import (
     write_episode,
     write_verdict,
 )
-from node.memory.quarantine import quarantines
-from node.memory.rows import MemoryInputError, iso_utc
-from node.memory.timeline import check_entry_id
-from node.registry import UnknownName
+from memmesh.node.memory.quarantine import quarantines
+from memmesh.node.memory.rows import MemoryInputError, iso_utc
+from memmesh.node.memory.timeline import check_entry_id
+from memmesh.node.registry import UnknownName
 
 if TYPE_CHECKING:
-    from node.library import Node
-    from node.memory.agents import Agent
+    from memmesh.node.library import Node
+    from memmesh.node.memory.agents import Agent
 
 REGISTRY.group("episode", "task episodes: add (what ran, how it ended, what decided it), verdict, list")
 REGISTRY.group("methods", "methods learned from checked episodes: learn, list, promote")

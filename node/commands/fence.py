@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from node import fence
-from node.commands.params import Cli, Params
-from node.commands.registry import command
-from node.commands.result import Result
+from memmesh.node import fence
+from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 
 class Unfence(Params):

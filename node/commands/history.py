@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from node.commands.params import AgentParams, Cli
-from node.commands.registry import REGISTRY, command
-from node.commands.result import Result
-from node.history import service
-from node.history.service import TOOL_CONFIG_KEY
-from node.memory.agents import agent_state
-from node.settings import memory_defaults
+from memmesh.node.commands.params import AgentParams, Cli
+from memmesh.node.commands.registry import REGISTRY, command
+from memmesh.node.commands.result import Result
+from memmesh.node.history import service
+from memmesh.node.history.service import TOOL_CONFIG_KEY
+from memmesh.node.memory.agents import agent_state
+from memmesh.node.settings import memory_defaults
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 REGISTRY.group("history", "conversation history: add, show, compact, expand, window, summary")
 

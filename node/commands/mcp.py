@@ -13,11 +13,11 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from auth.errors import MemmeshError
-from node.commands.params import Cli, Params
-from node.commands.registry import command
-from node.commands.result import Result
-from node.commands.serving import parse_listen
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
+from memmesh.node.commands.serving import parse_listen
 
 DEFAULT_HTTP_PORT = 7413  # beside the sync API (7411) and the local HTTP API (7412)
 # The hosts for which the SDK turns on its DNS-rebinding protection (allowed Host/Origin).
@@ -58,7 +58,7 @@ class Mcp(Params):
          standalone=True)
 def mcp(home: Path, p: Mcp) -> Result:
     try:
-        from node import mcp_server
+        from memmesh.node import mcp_server
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "mcp":
             raise

@@ -10,15 +10,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from crdt.clock import now_ms
-from node.commands.params import NoParams
-from node.commands.registry import command
-from node.commands.result import Result
+from memmesh.crdt.clock import now_ms
+from memmesh.node.commands.params import NoParams
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
 
 if TYPE_CHECKING:
-    from crdt.database import Database
-    from node.library import Node
-    from node.sync.state import LinkStatus
+    from memmesh.crdt.database import Database
+    from memmesh.node.library import Node
+    from memmesh.node.sync.state import LinkStatus
 
 PEER_SOURCE = "peer:"
 NO_GRANT = "sync.no_grant"  # node/sync/readers.py: a link stopped because the peer may not read the bank
@@ -26,8 +26,8 @@ NO_GRANT = "sync.no_grant"  # node/sync/readers.py: a link stopped because the p
 
 @command("init", NoParams, "create the node: peer key and data directory", creates_home=True)
 def init(node: "Node", p: NoParams) -> Result:
-    from node.home import make_private, private_line
-    from node.settings import CONFIG_FILE, write_template
+    from memmesh.node.home import make_private, private_line
+    from memmesh.node.settings import CONFIG_FILE, write_template
 
     peer = str(node.peer_key.public)
     config_written = write_template(node.home)  # a commented template, never over an existing file
@@ -47,7 +47,7 @@ def init(node: "Node", p: NoParams) -> Result:
 
 # ---------------------------------------------------------------------------- the numbers
 def stale_after_ms(node: "Node") -> int:
-    from node.settings import applied
+    from memmesh.node.settings import applied
 
     return int(applied(node).sync.stale_after_s * 1000)
 
@@ -60,8 +60,8 @@ def peer_refusals(db: "Database", peer: str) -> dict[str, int]:
 def link_view(node: "Node", db: "Database", link: "LinkStatus", t: int) -> dict[str, Any]:
     """One bank and one peer: exact lag, the last exchange, backoff, traffic, refusals, and
     ``not_sent``: why nothing of the bank goes to that peer now (it may not read it), else None."""
-    from node.sync.readers import refusal
-    from node.sync.state import lag
+    from memmesh.node.sync.readers import refusal
+    from memmesh.node.sync.state import lag
 
     rec = node.sync.peers.get(link.db, link.peer)
     exact = lag(db, link)
@@ -148,7 +148,7 @@ def database_status(node: "Node", db_id: str, shared: set[str], t: int, stale_ms
 
 
 def node_view(node: "Node", dbs: list[dict[str, Any]]) -> dict[str, Any]:
-    from crdt.verifystats import VERIFIED
+    from memmesh.crdt.verifystats import VERIFIED
 
     info = node.serve_info
     verify = VERIFIED.snapshot()
@@ -167,8 +167,8 @@ def node_view(node: "Node", dbs: list[dict[str, Any]]) -> dict[str, Any]:
 @command("status", NoParams, "the node, each database (entries, lag per peer, grants, refusals) and sync",
          read_only=True)
 def status(node: "Node", p: NoParams) -> Result:
-    from node.commands.sync import sync_status
-    from node.fence import status as fenced
+    from memmesh.node.commands.sync import sync_status
+    from memmesh.node.fence import status as fenced
 
     t = now_ms()
     stale_ms = stale_after_ms(node)

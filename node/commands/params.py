@@ -17,8 +17,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
 
-from auth.errors import MemmeshError
-from node.strict import StrictModel
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.strict import StrictModel
 
 
 class ParamsError(MemmeshError):

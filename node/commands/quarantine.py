@@ -10,23 +10,23 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from auth.errors import AuthError, MemmeshError
-from auth.keys import SigningKey
-from auth.ops import check_key
-from auth.permissions import ADMIN, TARGET_STRONGER, Permission, may_change
-from node.commands.params import BankRef, Cli, Params, ParamsError
-from node.commands.registry import command
-from node.commands.result import Result
-from node.commands.tools import WorldTime
-from node.memory.quarantine import QUARANTINE_STORE, Quarantine, hides, quarantine_value, quarantines, release_value
-from node.memory.rows import Memory, MemoryInputError, check_time, iso_utc, parse_memory
-from node.memory.timeline import check_entry_id
-from node.registry import UnknownName
+from memmesh.auth.errors import AuthError, MemmeshError
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.ops import check_key
+from memmesh.auth.permissions import ADMIN, TARGET_STRONGER, Permission, may_change
+from memmesh.node.commands.params import BankRef, Cli, Params, ParamsError
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
+from memmesh.node.commands.tools import WorldTime
+from memmesh.node.memory.quarantine import QUARANTINE_STORE, Quarantine, hides, quarantine_value, quarantines, release_value
+from memmesh.node.memory.rows import Memory, MemoryInputError, check_time, iso_utc, parse_memory
+from memmesh.node.memory.timeline import check_entry_id
+from memmesh.node.registry import UnknownName
 
 if TYPE_CHECKING:
-    from crdt.database import Database
-    from node.library import Node
-    from node.memory.agents import BankRef as Bank
+    from memmesh.crdt.database import Database
+    from memmesh.node.library import Node
+    from memmesh.node.memory.agents import BankRef as Bank
 
 
 class UnknownQuarantine(UnknownName):

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from auth.errors import MemmeshError
-from node.commands.params import Params, parse
-from node.commands.result import Result
+from memmesh.auth.errors import MemmeshError
+from memmesh.node.commands.params import Params, parse
+from memmesh.node.commands.result import Result
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]

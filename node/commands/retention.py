@@ -5,15 +5,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from crdt.clock import now_ms
-from node.commands.params import Cli, Params
-from node.commands.registry import REGISTRY, command
-from node.commands.result import Result
-from node.memory.rows import check_time
-from node.retention import RETENTION_STORE, Forget, PolicyError, plan, policy_in_force, policy_value, run, summary
+from memmesh.crdt.clock import now_ms
+from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.registry import REGISTRY, command
+from memmesh.node.commands.result import Result
+from memmesh.node.memory.rows import check_time
+from memmesh.node.retention import RETENTION_STORE, Forget, PolicyError, plan, policy_in_force, policy_value, run, summary
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 REGISTRY.group("retention", "a database's retention policy: set, show, preview, run")
 

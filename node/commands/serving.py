@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, field_validator
 
-from node.commands.params import Cli, Params
-from node.commands.registry import command
-from node.commands.result import Result
+from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7411
@@ -80,7 +80,7 @@ class Serve(Params):
     @classmethod
     def _advertise(cls, value: str | None) -> str | None:
         if value is not None:
-            from tickets import parse_address
+            from memmesh.tickets import parse_address
 
             try:
                 parse_address(value)
@@ -91,7 +91,7 @@ class Serve(Params):
 
 @command("serve", Serve, "run the node: the sync API for peers, the sync daemon, and the channel other commands use")
 def serve(node: "Node", p: Serve) -> Result:
-    from node.serve import serve_node  # the transport, imported only by the command that is one
+    from memmesh.node.serve import serve_node  # the transport, imported only by the command that is one
 
     return serve_node(node, listen=p.listen, discovery=False if p.no_discovery else None, log_json=p.log_json,
                       interval_s=p.interval_s, fanout=p.fanout, advertise=p.advertise, api_listen=p.api_listen)

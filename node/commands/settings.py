@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING, Annotated
 import yaml
 from pydantic import Field
 
-from node.commands.params import Cli, NoParams, Params
-from node.commands.registry import REGISTRY, command
-from node.commands.result import Result
-from node.settings import APPLIED, CONFIG_FILE, MAX_CONFIG_BYTES, applied, load_config, parse_config
+from memmesh.node.commands.params import Cli, NoParams, Params
+from memmesh.node.commands.registry import REGISTRY, command
+from memmesh.node.commands.result import Result
+from memmesh.node.settings import APPLIED, CONFIG_FILE, MAX_CONFIG_BYTES, applied, load_config, parse_config
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 INLINE = "the given config"
 MAX_LABEL = 4096  # a path, shown back in messages and nothing else
@@ -22,7 +22,7 @@ REGISTRY.group("config", "check config.yaml, show the config in force")
 
 @command("reload", NoParams, "read HOME/config.yaml again and apply it (what SIGHUP does to serve)")
 def reload(node: "Node", p: NoParams) -> Result:
-    from node.config_apply import reload_config
+    from memmesh.node.config_apply import reload_config
 
     done = reload_config(node)
     if done.changes:

@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field
 
-from auth.errors import MemmeshError
-from crdt.clock import now_ms
-from node.commands.params import BankRef, Cli, NoParams, Params
-from node.commands.registry import command
-from node.commands.result import Result
-from node.sync import sharing
+from memmesh.auth.errors import MemmeshError
+from memmesh.crdt.clock import now_ms
+from memmesh.node.commands.params import BankRef, Cli, NoParams, Params
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
+from memmesh.node.sync import sharing
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 _DURATION = re.compile(r"^(\d{1,9})([smhd]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -101,7 +101,7 @@ def memory_import(node: "Node", p: MemoryImport) -> Result:
 @command("peers", NoParams, "peers this node knows: how it found them, traffic, banks shared, refusals",
          read_only=True)
 def peers(node: "Node", p: NoParams) -> Result:
-    from node.commands.node_status import ago, peer_refusals, short, stale_after_ms
+    from memmesh.node.commands.node_status import ago, peer_refusals, short, stale_after_ms
 
     t = now_ms()
     stale_ms = stale_after_ms(node)
@@ -169,7 +169,7 @@ CURSOR_SEQ = 4096  # a cursor is at_ms * CURSOR_SEQ + (the refusal's number mod 
 
 @command("refusals", Refusals, "entries this node refused, newest first, with who sent them and why", read_only=True)
 def refusals(node: "Node", p: Refusals) -> Result:
-    from node.commands.node_status import short, utc
+    from memmesh.node.commands.node_status import short, utc
 
     found = []
     for db_id in node.database_ids():
@@ -207,7 +207,7 @@ class SyncFailed(MemmeshError):
 
 @command("sync", Sync, "sync shared banks with their peers now (exit 1 if a peer could not be reached)")
 def sync(node: "Node", p: Sync) -> Result:
-    from node.sync.oneshot import sync_now
+    from memmesh.node.sync.oneshot import sync_now
 
     if p.bank is not None:
         dbs = [node.agents.resolve(p.bank).db.id]

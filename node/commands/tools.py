@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from crdt.clock import now_ms
-from node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, ParamsError, parse
-from node.commands.registry import command
-from node.commands.result import Result, json_text
-from node.memory.framing import DEFAULT_CONTEXT_WINDOW, FLOOR
-from node.memory.graph import MAX_DEPTH
-from node.memory.rows import (
+from memmesh.crdt.clock import now_ms
+from memmesh.node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, ParamsError, parse
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result, json_text
+from memmesh.node.memory.framing import DEFAULT_CONTEXT_WINDOW, FLOOR
+from memmesh.node.memory.graph import MAX_DEPTH
+from memmesh.node.memory.rows import (
     MAX_EDGES,
     MAX_ENTITIES,
     MAX_KEY_CHARS,
@@ -34,13 +34,13 @@ from node.memory.rows import (
     check_slug,
     check_time,
 )
-from node.memory.timeline import Filters, check_entry_id
-from node.memory.view import DEFAULT_LIMIT, MAX_LIMIT
-from node.settings import check_tool
+from memmesh.node.memory.timeline import Filters, check_entry_id
+from memmesh.node.memory.view import DEFAULT_LIMIT, MAX_LIMIT
+from memmesh.node.settings import check_tool
 
 if TYPE_CHECKING:
-    from node.library import Node
-    from node.memory.agents import Agent
+    from memmesh.node.library import Node
+    from memmesh.node.memory.agents import Agent
 
 Tags = Annotated[list[str], Cli(flag="--tag"), Field(
     description=f"up to {MAX_TAGS} tags of 1-{MAX_TAG_CHARS} characters")]
@@ -169,7 +169,7 @@ def _recall(node: "Node", agent: "Agent", a: RecallArgs, include_superseded: boo
         out = node.memory.recall(agent, a.query, a.tags, a.limit, a.bank, include_superseded=include_superseded,
                                  count=count, filters=a.filters(now_ms()))
     if "history" in a.scopes:
-        from node.history.search import search_history  # history is the agent's own conversation
+        from memmesh.node.history.search import search_history  # history is the agent's own conversation
 
         found = search_history(agent.db, a.query, a.limit)
         out["history"] = found

@@ -5,13 +5,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from node.commands.params import BankRef, Params
-from node.commands.registry import command
-from node.commands.result import Result
-from node.memory.access import NEVER
+from memmesh.node.commands.params import BankRef, Params
+from memmesh.node.commands.registry import command
+from memmesh.node.commands.result import Result
+from memmesh.node.memory.access import NEVER
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 
 class MemoryStats(Params):

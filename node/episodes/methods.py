@@ -37,11 +37,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from auth.permissions import ADMIN
-from crdt.database import Database, RowRecord
-from node.memory.quarantine import Quarantine, quarantines
-from node.memory.rows import MemoryInputError, check_slug
-from node.memory.timeline import check_entry_id
+from memmesh.auth.permissions import ADMIN
+from memmesh.crdt.database import Database, RowRecord
+from memmesh.node.memory.quarantine import Quarantine, quarantines
+from memmesh.node.memory.rows import MemoryInputError, check_slug
+from memmesh.node.memory.timeline import check_entry_id
 
 from .record import MAX_STEPS, MAX_TOOL_CHARS, Episode, episodes, exclusion
 

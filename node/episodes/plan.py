@@ -32,13 +32,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crdt.database import Database
-from node.memory.bm25 import InvertedIndex
-from node.memory.framing import neutralise
-from node.memory.hygiene import detect
-from node.memory.quarantine import hides, quarantines
-from node.memory.rows import iso_utc
-from node.memory.tokens import STOPWORDS, tokenize
+from memmesh.crdt.database import Database
+from memmesh.node.memory.bm25 import InvertedIndex
+from memmesh.node.memory.framing import neutralise
+from memmesh.node.memory.hygiene import detect
+from memmesh.node.memory.quarantine import hides, quarantines
+from memmesh.node.memory.rows import iso_utc
+from memmesh.node.memory.tokens import STOPWORDS, tokenize
 
 from .methods import Learned, Method, learn
 from .record import Episode, Verdict, episodes, exclusion, verdicts

@@ -25,13 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from auth.errors import MemmeshError
-from auth.keys import SigningKey
-from crdt.database import Database, RowRecord
-from node.memory.hygiene import detect
-from node.memory.quarantine import Quarantine, hides
-from node.memory.rows import MemoryInputError, check_slug
-from node.memory.timeline import check_entry_id
+from memmesh.auth.errors import MemmeshError
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.database import Database, RowRecord
+from memmesh.node.memory.hygiene import detect
+from memmesh.node.memory.quarantine import Quarantine, hides
+from memmesh.node.memory.rows import MemoryInputError, check_slug
+from memmesh.node.memory.timeline import check_entry_id
 
 __all__ = [
     "CHECKED_BY",

@@ -27,11 +27,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from auth.errors import MemmeshError
-from crdt.records import RowRecord
-from node.memory.rows import MemoryInputError
-from node.memory.rows import check_text as check_memory_text
-from node.registry import UnknownName
+from memmesh.auth.errors import MemmeshError
+from memmesh.crdt.records import RowRecord
+from memmesh.node.memory.rows import MemoryInputError
+from memmesh.node.memory.rows import check_text as check_memory_text
+from memmesh.node.registry import UnknownName
 
 log = logging.getLogger(__name__)
 

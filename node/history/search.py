@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from crdt.database import Database
-from node.memory.quarantine import hides, quarantines
-from node.memory.rows import iso_utc
-from node.memory.tokens import tokenize
+from memmesh.crdt.database import Database
+from memmesh.node.memory.quarantine import hides, quarantines
+from memmesh.node.memory.rows import iso_utc
+from memmesh.node.memory.tokens import tokenize
 
 from .record import TRUST
 from .state import state_of

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from auth.keys import SigningKey
-from crdt.database import Database
-from node.memory.rows import iso_utc
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.database import Database
+from memmesh.node.memory.rows import iso_utc
 
 from .pyramid import Span
 from .record import (

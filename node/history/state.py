@@ -22,9 +22,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from crdt.database import Database, Rebuilt, RowRecord, RowsAdded
-from node.memory.bm25 import InvertedIndex
-from node.memory.tokens import tokenize
+from memmesh.crdt.database import Database, Rebuilt, RowRecord, RowsAdded
+from memmesh.node.memory.bm25 import InvertedIndex
+from memmesh.node.memory.tokens import tokenize
 
 from .pyramid import Pyramid, SessionIndex, Span, summarise_level1, summarise_level2
 from .record import CHUNKS_STORE, HISTORY_STORE, STORES, TEXT_STORE, Chunk, Turn, decompress, parse_chunk, parse_text, parse_turn

@@ -10,7 +10,7 @@ rebuilt and compared with storage), keys.py (key files and peer-local records), 
 new storage file from every row SQLite can still read), run.py (the order of the steps, the
 repair, the fetch from peers), report.py (what was found and done: JSON and text).
 """
-from node.integrity.report import Report
-from node.integrity.run import CheckRefused, check_home, check_open
+from memmesh.node.integrity.report import Report
+from memmesh.node.integrity.run import CheckRefused, check_home, check_open
 
 __all__ = ["CheckRefused", "Report", "check_home", "check_open"]

@@ -29,13 +29,13 @@ from typing import Any
 
 import msgpack
 
-from auth.keys import public_key_str
-from crdt.database import Database
-from crdt.entry import Entry, decode_entry, decode_many, id_of
-from crdt.errors import EntryRejected, MemmeshError, StorageError
-from crdt.storage import (Aside, DamagedRecord, PendingRecord, Storage, StoredEntry, check_name,
+from memmesh.auth.keys import public_key_str
+from memmesh.crdt.database import Database
+from memmesh.crdt.entry import Entry, decode_entry, decode_many, id_of
+from memmesh.crdt.errors import EntryRejected, MemmeshError, StorageError
+from memmesh.crdt.storage import (Aside, DamagedRecord, PendingRecord, Storage, StoredEntry, check_name,
                           freeze_payloads)
-from node.integrity.report import Problem
+from memmesh.node.integrity.report import Problem
 
 BATCH = 2048  # entries per decode_many call (and per progress event)
 

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from auth.keys import SigningKey
-from crdt.errors import StorageError
-from crdt.storage import Storage
-from node.integrity.report import Problem
-from node.keystore import KeyStoreError, load_key
-from node.memory.access import NS_ACCESS
-from node.registry import NS_AGENTS, NS_ARCHIVE, NS_BANKS
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.errors import StorageError
+from memmesh.crdt.storage import Storage
+from memmesh.node.integrity.report import Problem
+from memmesh.node.keystore import KeyStoreError, load_key
+from memmesh.node.memory.access import NS_ACCESS
+from memmesh.node.registry import NS_AGENTS, NS_ARCHIVE, NS_BANKS
 
 KEYS_DIR = "keys"  # node.home.KEYS_DIR (not imported: home imports the database layer's open path)
 PEER_KEY = "peer.key"

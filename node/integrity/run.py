@@ -28,18 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crdt.clock import now_ms
-from crdt.entry import decode_entry
-from crdt.errors import MemmeshError, StorageError
-from crdt.storage import Storage
-from node.integrity.entries import Rebuilt, Verified, intact_copy, rebuild, sound_order, verify
-from node.integrity.keys import KeyCheck, Named, registry_records
-from node.integrity.report import DatabaseRepair, DatabaseReport, Lost, Problem, Report, StorageReport
-from node.integrity.salvage import SalvageError, salvage
-from node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage
+from memmesh.crdt.clock import now_ms
+from memmesh.crdt.entry import decode_entry
+from memmesh.crdt.errors import MemmeshError, StorageError
+from memmesh.crdt.storage import Storage
+from memmesh.node.integrity.entries import Rebuilt, Verified, intact_copy, rebuild, sound_order, verify
+from memmesh.node.integrity.keys import KeyCheck, Named, registry_records
+from memmesh.node.integrity.report import DatabaseRepair, DatabaseReport, Lost, Problem, Report, StorageReport
+from memmesh.node.integrity.salvage import SalvageError, salvage
+from memmesh.node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 EventSink = Callable[[dict[str, Any]], None]
 STORAGE_FILE = "node.sqlite"  # node.home.STORAGE_FILE
@@ -73,7 +73,7 @@ class _Found:
 def check_home(home: Path | str, *, repair: bool = False, events: EventSink | None = None,
                lock_timeout: float | None = None) -> Report:
     """Check (``repair``: and heal) the home at ``home``; see the module docstring."""
-    from node.home import DEFAULT_LOCK_TIMEOUT, KEYS_DIR, PEER_KEY, NotInitialised, _lock_home
+    from memmesh.node.home import DEFAULT_LOCK_TIMEOUT, KEYS_DIR, PEER_KEY, NotInitialised, _lock_home
 
     home = Path(home)
     path = home / STORAGE_FILE
@@ -318,9 +318,9 @@ def _heal(home: Path, storage: SqliteStorage, keys: KeyCheck, lock_fd: int | Non
     """Rebuild each database for real, fetch what is missing from its peers, apply orphans
     again, and say what was recovered and what was lost. Returns the node (the caller closes
     it), which owns ``storage`` and ``lock_fd`` from here on."""
-    from auth.keys import SigningKey
-    from node.library import Node
-    from node.sync.oneshot import sync_now
+    from memmesh.auth.keys import SigningKey
+    from memmesh.node.library import Node
+    from memmesh.node.sync.oneshot import sync_now
 
     peer_key = keys.peer_key
     node = Node(home, storage, peer_key if peer_key is not None else SigningKey.generate(), lock_fd)
@@ -372,7 +372,7 @@ def _fence_lost(node: "Node", dbs: dict[str, Any], found: dict[str, _Found], key
     """A write fence (node/fence.py) on each database that lost whole entries signed by a key of
     this home (or whose author could not be read), if another node may hold them: the next
     write would reuse their feed positions. A lost payload leaves its entry, and the feed, in place."""
-    from node import fence
+    from memmesh.node import fence
 
     own = {str(k.public) for k in keys.loaded.values()}
     new = []

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crdt.entry import decode_entry, id_of
-from crdt.errors import StorageError
-from node.storage import SqliteStorage
+from memmesh.crdt.entry import decode_entry, id_of
+from memmesh.crdt.errors import StorageError
+from memmesh.node.storage import SqliteStorage
 
 __all__ = ["SalvageError", "Salvaged", "salvage"]
 

@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal
 
-from crdt.errors import StorageError
-from crdt.storage import Storage
-from node.memory.rows import _iso_utc as iso_time  # the one rendering of times in results
+from memmesh.crdt.errors import StorageError
+from memmesh.crdt.storage import Storage
+from memmesh.node.memory.rows import _iso_utc as iso_time  # the one rendering of times in results
 
 NS_ACCESS = "memory-access"
 

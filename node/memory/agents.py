@@ -19,14 +19,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from auth.errors import AuthError, MemmeshError
-from auth.keys import SigningKey
-from auth.ops import GrantOp, RevokeOp
-from auth.permissions import Permission, holds
-from crdt.database import Database
-from node.home import Home
-from node.file_check import clean
-from node.registry import NAME_RE, AgentRecord, BankRecord, NameError_, NameTaken, UnknownName, check_name
+from memmesh.auth.errors import AuthError, MemmeshError
+from memmesh.auth.keys import SigningKey
+from memmesh.auth.ops import GrantOp, RevokeOp
+from memmesh.auth.permissions import Permission, holds
+from memmesh.crdt.database import Database
+from memmesh.node.home import Home
+from memmesh.node.file_check import clean
+from memmesh.node.registry import NAME_RE, AgentRecord, BankRecord, NameError_, NameTaken, UnknownName, check_name
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ _deadline_from_env()
 
 
 def _is_slug(text: str) -> bool:
-    from node.memory.rows import MemoryInputError, check_slug
+    from memmesh.node.memory.rows import MemoryInputError, check_slug
     try:
         check_slug("category", text)
     except MemoryInputError:

@@ -34,18 +34,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from auth.permissions import holds
-from crdt.database import Database
-from node.memory.agents import agent_state
-from node.memory.backlinks import split_target
-from node.memory.rows import SUPERSEDES, Memory
-from node.memory.timeline import Filters
-from node.registry import NameError_, UnknownName
-from node.settings import memory_defaults
+from memmesh.auth.permissions import holds
+from memmesh.crdt.database import Database
+from memmesh.node.memory.agents import agent_state
+from memmesh.node.memory.backlinks import split_target
+from memmesh.node.memory.rows import SUPERSEDES, Memory
+from memmesh.node.memory.timeline import Filters
+from memmesh.node.registry import NameError_, UnknownName
+from memmesh.node.settings import memory_defaults
 
 if TYPE_CHECKING:
-    from node.memory.agents import Agent
-    from node.memory.service import MemoryService
+    from memmesh.node.memory.agents import Agent
+    from memmesh.node.memory.service import MemoryService
 
 __all__ = ["MAX_DEPTH", "MAX_NEIGHBORS", "NoSuchMemory", "Ref", "neighbors", "split_target"]
 

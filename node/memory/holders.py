@@ -19,17 +19,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from auth.errors import KeyFormatError
-from auth.keys import PublicKey
-from auth.permissions import KeyState
-from crdt.records import SETTINGS
-from node.commands.params import ParamsError
-from node.memory.agents import Agent, BankRef, Grantee
-from node.registry import NAME_RE, UnknownName
-from node.sync.state import NS_INVITES, Invite
+from memmesh.auth.errors import KeyFormatError
+from memmesh.auth.keys import PublicKey
+from memmesh.auth.permissions import KeyState
+from memmesh.crdt.records import SETTINGS
+from memmesh.node.commands.params import ParamsError
+from memmesh.node.memory.agents import Agent, BankRef, Grantee
+from memmesh.node.registry import NAME_RE, UnknownName
+from memmesh.node.sync.state import NS_INVITES, Invite
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 SELF_LABEL = "node:self"
 ROOT_LABEL = "bank:root"

@@ -44,7 +44,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from auth.errors import MemmeshError
+from memmesh.auth.errors import MemmeshError
 
 
 class HygieneInputError(MemmeshError):

@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from auth.errors import AuthError
-from auth.ops import check_key
-from auth.permissions import ADMIN, AuthSettings, may_change
-from crdt.database import Database, RowRecord
+from memmesh.auth.errors import AuthError
+from memmesh.auth.ops import check_key
+from memmesh.auth.permissions import ADMIN, AuthSettings, may_change
+from memmesh.crdt.database import Database, RowRecord
 
 from .rows import MemoryInputError, check_time, iso_utc
 from .timeline import check_entry_id

@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from crdt.database import RowRecord, valid_store_name
-from crdt.errors import MemmeshError
+from memmesh.crdt.database import RowRecord, valid_store_name
+from memmesh.crdt.errors import MemmeshError
 
 __all__ = [
     "EMBEDDINGS_PREFIX",

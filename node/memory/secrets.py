@@ -70,7 +70,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from auth.errors import MemmeshError
+from memmesh.auth.errors import MemmeshError
 
 SECRETS_TAG = "contains-secrets"
 

@@ -16,25 +16,25 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from auth.errors import AuthError
-from auth.permissions import Permission
-from crdt.clock import now_ms
-from crdt.database import Database
-from node.memory.access import AccessCounts
-from node.memory.agents import Agent, Agents, agent_state
-from node.memory.embedders import Embedder, EmbedderError
-from node.memory.framing import DEFAULT_CONTEXT_WINDOW, budget_chars, fit, memory_line
-from node.memory.fusion import decay_factor, decayed
-from node.memory.labels import Labels, labels_of, tier
-from node.memory.graph import neighbors
-from node.memory.rows import MEMORY_STORE, embedding_value, memory_value
-from node.memory.saving import plan_write
-from node.memory.scope import by_precedence
-from node.memory.timeline import Filters
-from node.memory.tokens import autorecall_query_tokens
-from node.memory.view import DEFAULT_LIMIT, MAX_LIMIT, MemoryView
-from node.registry import NameError_
-from node.settings import applied, memory_defaults
+from memmesh.auth.errors import AuthError
+from memmesh.auth.permissions import Permission
+from memmesh.crdt.clock import now_ms
+from memmesh.crdt.database import Database
+from memmesh.node.memory.access import AccessCounts
+from memmesh.node.memory.agents import Agent, Agents, agent_state
+from memmesh.node.memory.embedders import Embedder, EmbedderError
+from memmesh.node.memory.framing import DEFAULT_CONTEXT_WINDOW, budget_chars, fit, memory_line
+from memmesh.node.memory.fusion import decay_factor, decayed
+from memmesh.node.memory.labels import Labels, labels_of, tier
+from memmesh.node.memory.graph import neighbors
+from memmesh.node.memory.rows import MEMORY_STORE, embedding_value, memory_value
+from memmesh.node.memory.saving import plan_write
+from memmesh.node.memory.scope import by_precedence
+from memmesh.node.memory.timeline import Filters
+from memmesh.node.memory.tokens import autorecall_query_tokens
+from memmesh.node.memory.view import DEFAULT_LIMIT, MAX_LIMIT, MemoryView
+from memmesh.node.registry import NameError_
+from memmesh.node.settings import applied, memory_defaults
 
 log = logging.getLogger(__name__)
 

@@ -113,7 +113,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from crdt.database import Database, Rebuilt, RowRecord, RowsAdded
+from memmesh.crdt.database import Database, Rebuilt, RowRecord, RowsAdded
 
 from .backlinks import Backlinks
 from .bm25 import InvertedIndex, Subset, _release_freed_memory

@@ -44,9 +44,9 @@ from zeroconf import (
 )
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
-from auth.errors import KeyFormatError, MemmeshError
-from auth.keys import PublicKey
-from crdt.clock import now_ms
+from memmesh.auth.errors import KeyFormatError, MemmeshError
+from memmesh.auth.keys import PublicKey
+from memmesh.crdt.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Mapping
 
 import msgpack
 
-from auth.b64url import b64url_decode, b64url_encode
-from auth.errors import KeyFormatError
-from auth.keys import DOMAIN_SYNC_REQUEST, DOMAIN_SYNC_RESPONSE, PublicKey, SigningKey, verify
-from crdt.errors import RejectedError
+from memmesh.auth.b64url import b64url_decode, b64url_encode
+from memmesh.auth.errors import KeyFormatError
+from memmesh.auth.keys import DOMAIN_SYNC_REQUEST, DOMAIN_SYNC_RESPONSE, PublicKey, SigningKey, verify
+from memmesh.crdt.errors import RejectedError
 
 H_KEY = "memmesh-key"
 H_TARGET = "memmesh-target"

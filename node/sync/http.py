@@ -23,8 +23,8 @@ from typing import Any, Awaitable, Callable, TypeVar
 import aiohttp
 from aiohttp import web
 
-from node.sync import messages as m
-from node.sync.protocol import OFF_THREAD, PREFIX, Client, Exchange, Outgoing, Response, SyncError, SyncServer
+from memmesh.node.sync import messages as m
+from memmesh.node.sync.protocol import OFF_THREAD, PREFIX, Client, Exchange, Outgoing, Response, SyncError, SyncServer
 
 T = TypeVar("T")
 Runner = Callable[[Callable[[], T]], Awaitable[T]]

@@ -16,9 +16,9 @@ from typing import Any, Mapping, Sequence
 
 import msgpack
 
-from auth.keys import public_key_str
-from crdt.entry import MAX_ENTRY_BYTES, MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, MAX_STORES, raw_to_id, id_to_raw
-from crdt.errors import RejectedError
+from memmesh.auth.keys import public_key_str
+from memmesh.crdt.entry import MAX_ENTRY_BYTES, MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, MAX_STORES, raw_to_id, id_to_raw
+from memmesh.crdt.errors import RejectedError
 
 PROTOCOL_VERSION = 1
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a page of entries, or a push, plus framing
@@ -260,7 +260,7 @@ Evidence = dict[str, list[str]]  # flagged author -> entry ids kept as evidence
 
 
 def encode_feeds(feeds: Mapping[str, tuple[int, str | None]]) -> dict[bytes, list]:
-    from auth.keys import PublicKey
+    from memmesh.auth.keys import PublicKey
 
     return {PublicKey.parse(a).raw: [seq, None if head is None else id_to_raw(head)] for a, (seq, head) in feeds.items()}
 
@@ -278,7 +278,7 @@ def decode_feeds(value: Any) -> Feeds:
 
 
 def encode_evidence(evidence: Mapping[str, Sequence[str]]) -> dict[bytes, list[bytes]]:
-    from auth.keys import PublicKey
+    from memmesh.auth.keys import PublicKey
 
     return {PublicKey.parse(a).raw: [id_to_raw(i) for i in ids[:MAX_EVIDENCE_PER_AUTHOR]] for a, ids in evidence.items()}
 
@@ -344,7 +344,7 @@ class PeerInfo:
 
 
 def _encode_peers(peers: Sequence[PeerInfo]) -> list[dict]:
-    from auth.keys import PublicKey
+    from memmesh.auth.keys import PublicKey
 
     return [{"key": PublicKey.parse(p.key).raw, "addrs": list(p.addrs[:MAX_ADDRS])} for p in peers[:MAX_PEERS]]
 
@@ -545,7 +545,7 @@ def redemption_message(db: str, importer: str, ticket: str, perm: str) -> bytes:
     """What an invite key signs to redeem its ticket (domain ``ticket-redeem``)."""
     import hashlib
 
-    from auth.keys import PublicKey
+    from memmesh.auth.keys import PublicKey
 
     return msgpack.packb([id_to_raw(db), PublicKey.parse(importer).raw,
                           hashlib.sha256(ticket.encode("ascii")).digest(), perm], use_bin_type=True)

@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from node import fence
-from node.sync import messages as m
-from node.sync import readers
-from node.sync.http import HttpTransport, call, run_exchange
-from node.sync.protocol import EXCHANGE_S, Client, Exchange, SyncError
-from node.worker import Runner
+from memmesh.node import fence
+from memmesh.node.sync import messages as m
+from memmesh.node.sync import readers
+from memmesh.node.sync.http import HttpTransport, call, run_exchange
+from memmesh.node.sync.protocol import EXCHANGE_S, Client, Exchange, SyncError
+from memmesh.node.worker import Runner
 
 if TYPE_CHECKING:
-    from node.library import Node
-    from node.sync.peerbook import PeerRecord
+    from memmesh.node.library import Node
+    from memmesh.node.sync.peerbook import PeerRecord
 
 
 async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runner, *,

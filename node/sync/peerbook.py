@@ -35,9 +35,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 
-from auth.errors import KeyFormatError
-from auth.keys import PublicKey
-from node.sync.messages import MAX_ADDR_LEN, MAX_ADDRS, MAX_PEERS, PeerInfo
+from memmesh.auth.errors import KeyFormatError
+from memmesh.auth.keys import PublicKey
+from memmesh.node.sync.messages import MAX_ADDR_LEN, MAX_ADDRS, MAX_PEERS, PeerInfo
 
 HOWS = ("ticket", "exchange", "lan", "manual")
 FIRST_HAND = frozenset({"ticket", "lan", "manual"})

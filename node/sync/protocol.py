@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Protocol
 
-from auth.keys import SigningKey
-from crdt.clock import now_ms as _now_ms  # methods take a now_ms argument
-from crdt.database import Database
-from crdt.errors import MemmeshError, RejectedError, StorageError, WriteFailedError
-from node.sync import messages as m
-from node.sync.envelope import (
+from memmesh.auth.keys import SigningKey
+from memmesh.crdt.clock import now_ms as _now_ms  # methods take a now_ms argument
+from memmesh.crdt.database import Database
+from memmesh.crdt.errors import MemmeshError, RejectedError, StorageError, WriteFailedError
+from memmesh.node.sync import messages as m
+from memmesh.node.sync.envelope import (
     ANY_TARGET, Caller, EnvelopeError, RequestVerifier, SignedRequest, sign_request, sign_response, verify_response,
 )
 

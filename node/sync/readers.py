@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from auth.permissions import READ_LEVEL, holds
-from crdt.database import Database
-from node.sync.messages import PeerInfo
+from memmesh.auth.permissions import READ_LEVEL, holds
+from memmesh.crdt.database import Database
+from memmesh.node.sync.messages import PeerInfo
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 NO_GRANT = "sync.no_grant"
 

@@ -27,17 +27,17 @@ from typing import TYPE_CHECKING, Any, Sequence
 import aiohttp
 from aiohttp import web
 
-from crdt.clock import now_ms
-from crdt.database import Database
-from node import fence
-from node.sync import messages as m
-from node.sync import readers, sharing
-from node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
-from node.sync.protocol import EXCHANGE_S, Client, Exchange, SyncError, SyncServer
-from node.sync.state import Lag, lag
+from memmesh.crdt.clock import now_ms
+from memmesh.crdt.database import Database
+from memmesh.node import fence
+from memmesh.node.sync import messages as m
+from memmesh.node.sync import readers, sharing
+from memmesh.node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
+from memmesh.node.sync.protocol import EXCHANGE_S, Client, Exchange, SyncError, SyncServer
+from memmesh.node.sync.state import Lag, lag
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 log = logging.getLogger("memmesh.sync")
 PUSH_DEBOUNCE_S = 0.02
@@ -153,7 +153,7 @@ class SyncService:
 
     async def _start_discovery(self) -> None:
         try:
-            from node.sync.discovery import Discovery
+            from memmesh.node.sync.discovery import Discovery
         except ImportError:  # pragma: no cover - the module ships with memmesh
             return
         host, port = self.address[len("http:"):].rsplit(":", 1)

@@ -34,24 +34,24 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import aiohttp
 
-from auth.errors import MemmeshError
-from auth.keys import DOMAIN_TICKET_REDEEM, PublicKey, SigningKey, verify
-from auth.ops import GrantOp, RevokeOp
-from auth.permissions import ADMIN, LEVELS, READ_LEVEL, WRITE, rank
-from crdt.clock import now_ms
-from crdt.database import Database
-from crdt.storage import MemoryStorage
-from node.memory.agents import WRITE_PRIORITY
-from node.registry import BankRecord, NameTaken, check_name
-from node.sync import messages as m
-from node.sync.http import HttpTransport, call, run_exchange
-from node.sync.protocol import Client, Exchange, SyncError
-from node.sync.state import Invite
-from node.worker import Runner
-from tickets import Ticket, TicketRejected, check, decode, encode, issue, parse_address
+from memmesh.auth.errors import MemmeshError
+from memmesh.auth.keys import DOMAIN_TICKET_REDEEM, PublicKey, SigningKey, verify
+from memmesh.auth.ops import GrantOp, RevokeOp
+from memmesh.auth.permissions import ADMIN, LEVELS, READ_LEVEL, WRITE, rank
+from memmesh.crdt.clock import now_ms
+from memmesh.crdt.database import Database
+from memmesh.crdt.storage import MemoryStorage
+from memmesh.node.memory.agents import WRITE_PRIORITY
+from memmesh.node.registry import BankRecord, NameTaken, check_name
+from memmesh.node.sync import messages as m
+from memmesh.node.sync.http import HttpTransport, call, run_exchange
+from memmesh.node.sync.protocol import Client, Exchange, SyncError
+from memmesh.node.sync.state import Invite
+from memmesh.node.worker import Runner
+from memmesh.tickets import Ticket, TicketRejected, check, decode, encode, issue, parse_address
 
 if TYPE_CHECKING:
-    from node.library import Node
+    from memmesh.node.library import Node
 
 log = logging.getLogger("memmesh.sync")
 PEER_KEY_NAME = "peer"  # node/home.py keeps the peer key in keys/peer.key

@@ -8,9 +8,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from crdt.clock import now_ms
-from crdt.storage import Storage
-from node.sync.peerbook import PeerBook, PeerBookError
+from memmesh.crdt.clock import now_ms
+from memmesh.crdt.storage import Storage
+from memmesh.node.sync.peerbook import PeerBook, PeerBookError
 
 NS = "sync"
 NS_SHARED = "sync-shared"
@@ -154,7 +154,7 @@ class SyncState:
 
     def _damaged(self, ns: str, key: str, exc: Exception) -> Exception:
         """Damaged bytes in a record: one line naming the storage file, never a traceback."""
-        from node.file_check import clean, damaged
+        from memmesh.node.file_check import clean, damaged
 
         return damaged(str(getattr(self._s, "path", "the storage")),
                        f"its peer-local record {ns}/{clean(key, 80)} cannot be read: {clean(exc, 80)}")

@@ -8,7 +8,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from crdt.errors import MemmeshError
+from memmesh.crdt.errors import MemmeshError
 
 PROVIDERS = ("none", "hashed", "local", "openai", "ollama")
 

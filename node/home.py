@@ -3,7 +3,7 @@
 Layout (docs/architecture.md):
     HOME/node.sqlite      the SQLite storage: signed logs, pending entries, peer-local data
     HOME/keys/peer.key    the node's peer key (0600); agent and bank keys live beside it
-    HOME/api.token        the local HTTP API's bearer token (0600; node/api/token.py)
+    HOME/api.token        the local HTTP API's bearer token (0600; node/api_token.py)
 
 Nothing of a home is readable by another user: directories 0700, files 0600, whatever the
 umask (``make_private``, run by init and serve; the storage file is created 0600 and SQLite
@@ -25,7 +25,7 @@ from memmesh.auth.errors import MemmeshError
 from memmesh.auth.keys import SigningKey
 from memmesh.crdt.database import Database
 from memmesh.crdt.errors import DamagedError
-from memmesh.node.api.token import create_token
+from memmesh.node.api_token import create_token
 from memmesh.node.keystore import KeyStoreError, load_key, save_key
 from memmesh.node.registry import Registry
 from memmesh.node.storage import SqliteStorage

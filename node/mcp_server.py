@@ -49,8 +49,9 @@ from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextConten
 
 from memmesh.auth.errors import MemmeshError
 from memmesh.node.api.app import host_allowed
-from memmesh.node.api.token import matches, read_token
-from memmesh.node.cli import failure, run_command
+from memmesh.node.api_token import matches, read_token
+from memmesh.node.cli import run_command
+from memmesh.node.refusal import failure
 from memmesh.node.commands import ParamsError, Result
 from memmesh.node.commands.tools import TOOLS, AutoRecall
 from memmesh.node.control import POLL_S, remote, route

@@ -65,10 +65,10 @@ from memmesh.auth.errors import MemmeshError
 from memmesh.node.api.address import api_listen as resolve_api_listen
 from memmesh.node.api.app import build_app
 from memmesh.node.api.live import Live
-from memmesh.node.api.token import ensure_token
+from memmesh.node.api_token import ensure_token
 from memmesh.node.commands import REGISTRY, Result
 from memmesh.node.commands.registry import Event, Registry
-from memmesh.node.commands.serving import DEFAULT_HOST, DEFAULT_PORT, parse_listen
+from memmesh.node.listen import DEFAULT_HOST, DEFAULT_PORT, parse_listen
 from memmesh.node.control import SERVE_JSON, SERVE_SOCK, AlreadyServing, ServeError, read_info, refuse_if_serving, \
     remove_files, socket_address
 from memmesh.node.config_apply import reload_config
@@ -432,7 +432,7 @@ class ControlChannel:
 def error_line(exc: BaseException, name: str) -> dict[str, Any]:
     """The final line for a command that raised: the CLI's own mapping (node.cli.failure) of
     exceptions to a message and an exit code; anything else is a bug, logged in full."""
-    from memmesh.node.cli import failure
+    from memmesh.node.refusal import failure
 
     cls = type(exc)
     line: dict[str, Any] = {"ok": False, "error": cls.__name__, "type": f"{cls.__module__}.{cls.__qualname__}"}

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
-from memmesh.node.commands.serving import DEFAULT_HOST, DEFAULT_PORT
+from memmesh.node.listen import DEFAULT_HOST, DEFAULT_PORT
 from memmesh.node.settings import ApiSpec, ConfigFileError, NodeConfig, SyncSpec, applied
 
 if TYPE_CHECKING:

@@ -57,6 +57,7 @@ from pydantic_core import PydanticCustomError
 
 from memmesh.auth.errors import MemmeshError
 from memmesh.node.registry import NAME_RE
+from memmesh.node.listen import parse_listen
 from memmesh.node.strict import StrictModel
 
 if TYPE_CHECKING:
@@ -121,9 +122,6 @@ SECRET_KEYS = ("api_key_env",)  # a value there may be a key pasted by mistake: 
 
 def _check_listen(value: str | None) -> str | None:
     if value is not None:
-        # serve's own rule for HOST:PORT; imported here because node.commands imports this module
-        from memmesh.node.commands.serving import parse_listen
-
         parse_listen(value)
     return value
 

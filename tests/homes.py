@@ -53,7 +53,7 @@ async def api_on(node: Node) -> AsyncIterator[tuple[Any, str, aiohttp.ClientSess
     from aiohttp.test_utils import TestServer
 
     from memmesh.node.api.app import build_app
-    from memmesh.node.api.token import read_token
+    from memmesh.node.api_token import read_token
     from memmesh.node.serve import CommandRunner
     from memmesh.node.worker import DbThread
 

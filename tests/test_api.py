@@ -33,7 +33,7 @@ from memmesh.node.api.errors import CODES, kind_of
 from memmesh.node.api.live import LIVE_ROUTES
 from memmesh.node.api.page import PAGE_ROUTES
 from memmesh.node.api.routes import OPENAPI_PATH, build_routes
-from memmesh.node.api.token import TOKEN_FILE, TokenError, ensure_token, read_token
+from memmesh.node.api_token import TOKEN_FILE, TokenError, ensure_token, read_token
 from memmesh.node.commands import REGISTRY
 from memmesh.node.commands.params import NoParams, Params, ParamsError
 from memmesh.node.commands.registry import Registry

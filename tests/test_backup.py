@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memmesh.node.api.token import read_token
+from memmesh.node.api_token import read_token
 from memmesh.node.cli import run_command
 from memmesh.node.commands import REGISTRY, ParamsError
 from memmesh.node.commands.backup import BackupError, RestoreError

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from memmesh.node import Node
 from memmesh.node.cli import main
-from memmesh.node.commands.serving import DEFAULT_HOST, DEFAULT_PORT
+from memmesh.node.listen import DEFAULT_HOST, DEFAULT_PORT
 from memmesh.node.config_apply import apply_config, reload_config
 from memmesh.node.memory.agents import CONFIG_DEFAULTS, ConfigError, agent_state, parse_config_value
 from memmesh.node.registry import EMBEDDER_SECRET

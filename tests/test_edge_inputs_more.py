@@ -34,10 +34,10 @@ from aiohttp.test_utils import TestServer
 
 from memmesh.node import Node
 from memmesh.node.api.app import host_allowed
-from memmesh.node.api.token import read_token
+from memmesh.node.api_token import read_token
 from memmesh.node.commands import REGISTRY
 from memmesh.node.commands.params import MAX_DEPTH, ParamsError, parse
-from memmesh.node.commands.serving import parse_listen
+from memmesh.node.listen import parse_listen
 from memmesh.node.settings import MAX_YAML_DEPTH, ConfigFileError, parse_config
 from tests.homes import api_on
 from tests.procs import CLI, Serve

@@ -29,7 +29,7 @@ from aiohttp.test_utils import TestServer
 
 from memmesh.node import Node
 from memmesh.node.api.app import MAX_JSON_DEPTH
-from memmesh.node.api.token import TOKEN_FILE, read_token
+from memmesh.node.api_token import TOKEN_FILE, read_token
 from tests.homes import api_on
 from tests.procs import CLI, Serve, until
 

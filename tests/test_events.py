@@ -32,7 +32,7 @@ from memmesh.crdt.yjs import encode_rows
 from memmesh.node import Node
 from memmesh.node.api.app import build_app
 from memmesh.node.api.live import Live
-from memmesh.node.api.token import read_token
+from memmesh.node.api_token import read_token
 from memmesh.node.events import EVENT_TYPES, DatabaseWatch, EventBus, UnknownEventType
 from memmesh.node.serve import CommandRunner
 from memmesh.node.worker import DbThread

@@ -26,8 +26,9 @@ from mcp.shared.exceptions import MCPError
 
 import memmesh.node as node
 from memmesh.node import Node
-from memmesh.node.api.token import read_token
-from memmesh.node.cli import failure, main, run_command
+from memmesh.node.api_token import read_token
+from memmesh.node.cli import main, run_command
+from memmesh.node.refusal import failure
 from memmesh.node.commands import REGISTRY
 from memmesh.node.commands.mcp import McpNotInstalled
 from memmesh.node.commands.registry import StandaloneCommand

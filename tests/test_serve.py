@@ -28,7 +28,8 @@ from pydantic import Field
 
 from memmesh.auth.errors import MemmeshError
 from memmesh.node import Node
-from memmesh.node.cli import failure, main
+from memmesh.node.cli import main
+from memmesh.node.refusal import failure
 from memmesh.node.commands import ParamsError, UnknownCommand
 from memmesh.node.commands.params import NoParams, Params
 from memmesh.node.commands.registry import Registry

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from memmesh.node.commands.serving import parse_listen
+from memmesh.node.listen import parse_listen
 from memmesh.node.control import ServeError
 from memmesh.node.settings import ApiSpec
 

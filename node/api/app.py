@@ -33,8 +33,8 @@ from memmesh.node.api.live import Live, add_live, is_public
 from memmesh.node.api.live import openapi_paths as live_paths
 from memmesh.node.api.page import add_page, is_page, openapi_paths
 from memmesh.node.api.routes import OPENAPI_PATH, Route, build_routes
-from memmesh.node.api.token import matches
-from memmesh.node.cli import failure
+from memmesh.node.api_token import matches
+from memmesh.node.refusal import failure
 from memmesh.node.commands import REGISTRY
 from memmesh.node.commands.params import MAX_DEPTH, json_nesting, no_json_constant, unique_keys
 from memmesh.node.commands.registry import Registry

@@ -17,7 +17,7 @@ from memmesh.auth.errors import MemmeshError
 from memmesh.node.commands.params import Cli, Params
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result
-from memmesh.node.commands.serving import parse_listen
+from memmesh.node.listen import parse_listen
 
 DEFAULT_HTTP_PORT = 7413  # beside the sync API (7411) and the local HTTP API (7412)
 # The hosts for which the SDK turns on its DNS-rebinding protection (allowed Host/Origin).

@@ -17,12 +17,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
 
-from memmesh.auth.errors import MemmeshError
+from memmesh.node.refusal import ParamsError
 from memmesh.node.strict import StrictModel
-
-
-class ParamsError(MemmeshError):
-    """Parameters a command refuses; nothing was changed. The message says what to fix."""
 
 
 # Parameters that name something the node looks up (an agent, a bank, a database, a key): a

@@ -23,7 +23,7 @@ from memmesh.auth.errors import KeyFormatError
 from memmesh.auth.keys import PublicKey
 from memmesh.auth.permissions import KeyState
 from memmesh.crdt.records import SETTINGS
-from memmesh.node.commands.params import ParamsError
+from memmesh.node.refusal import ParamsError
 from memmesh.node.memory.agents import Agent, BankRef, Grantee
 from memmesh.node.registry import NAME_RE, UnknownName
 from memmesh.node.sync.state import NS_INVITES, Invite

@@ -1,4 +1,4 @@
-"""HOME/api.token: the bearer token of the local HTTP API.
+"""HOME/api.token: the bearer token of the local HTTP API and of `memmesh mcp --http`.
 
 Created by `memmesh init` (and by serve for a home made before the API existed), mode 0600
 from the moment the file exists: whoever can read it can run every command, so it is guarded

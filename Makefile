@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test test-fast demo bench venv clean
+.PHONY: test test-fast check demo bench venv clean
 
 venv: $(STAMP)
 
@@ -15,8 +15,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test,embed,mcp]"
 	@rm -f $(VENV)/.installed-* && touch $@
 
-test: venv
+test: check
 	$(BIN)/python -m pytest -q
+
+# Lint, types and the package's floors (.importlinter): a failure here fails `make test` and CI.
+# The core layers are typed strictly; the node with mypy's defaults.
+check: venv
+	$(BIN)/ruff check auth crdt tickets node tests bench memmesh
+	$(BIN)/mypy --strict -p memmesh.auth -p memmesh.crdt -p memmesh.tickets
+	$(BIN)/mypy -p memmesh.node
+	$(BIN)/lint-imports --no-cache
 
 # Everything but the slow multi-process tests (CI runs them all).
 test-fast: venv

@@ -14,9 +14,6 @@ import binascii
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
-
-from memmesh.auth.b64url import b64url_decode, b64url_encode
-from memmesh.auth.errors import KeyFormatError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
@@ -27,6 +24,9 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     PublicFormat,
 )
+
+from memmesh.auth.b64url import b64url_decode, b64url_encode
+from memmesh.auth.errors import KeyFormatError
 
 KEY_PREFIX = "ed25519:"
 SIGNATURE_LEN = 64
@@ -68,8 +68,8 @@ class PublicKey:
             raise KeyFormatError(f"an Ed25519 public key is {PUBLIC_KEY_LEN} bytes, got {len(self.raw)}")
 
     @classmethod
-    def parse(cls, text: str) -> "PublicKey":
-        """Parse ``ed25519:<base64url>``; raises KeyFormatError with the reason."""
+    def parse(cls, text: object) -> PublicKey:
+        """Parse ``ed25519:<base64url>`` (any other value is refused); raises KeyFormatError with the reason."""
         if not isinstance(text, str) or not text.startswith(KEY_PREFIX):
             raise KeyFormatError(f"a public key looks like 'ed25519:<base64url>', got {text!r}")
         body = text[len(KEY_PREFIX):]
@@ -129,11 +129,11 @@ class SigningKey:
         self.public = PublicKey(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
 
     @classmethod
-    def generate(cls) -> "SigningKey":
+    def generate(cls) -> SigningKey:
         return cls(Ed25519PrivateKey.generate())
 
     @classmethod
-    def from_seed(cls, seed: bytes) -> "SigningKey":
+    def from_seed(cls, seed: bytes) -> SigningKey:
         """The key for a 32-byte seed (RFC 8032 private key)."""
         if len(seed) != 32:
             raise KeyFormatError(f"an Ed25519 seed is 32 bytes, got {len(seed)}")

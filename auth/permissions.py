@@ -12,8 +12,8 @@ snapshot it derives.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
 
 ADMIN = "admin"
 WRITE = "write"
@@ -117,9 +117,9 @@ def may_change(
     if actor is None or actor.level != ADMIN:
         return NOT_ADMIN
     assert actor.priority is not None
-    if target_current is not None and target_current.priority is not None:
-        if target_current.priority < actor.priority:
-            return TARGET_STRONGER
+    if (target_current is not None and target_current.priority is not None
+            and target_current.priority < actor.priority):
+        return TARGET_STRONGER
     if new is not None and new.priority is not None and new.priority < actor.priority:
         return GRANT_EXCEEDS
     return None
@@ -187,7 +187,7 @@ class AuthSettings:
         out = [(k, s.permission) for k, s in self._states.items()
                if s.permission is not None and s.permission.level == ADMIN]
         out.sort(key=lambda kp: (kp[1].rank, kp[0]))
-        return out  # type: ignore[return-value]
+        return out
 
     def __contains__(self, key: object) -> bool:
         return key in self._states
@@ -203,7 +203,7 @@ class AuthSettings:
             return NotImplemented
         return self._states == other._states
 
-    __hash__ = None  # type: ignore[assignment]
+    # Unhashable, as before: a class that defines __eq__ without __hash__ gets __hash__ = None.
 
     def __repr__(self) -> str:
         inner = ", ".join(

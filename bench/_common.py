@@ -123,7 +123,7 @@ def compare_top10(ix, q: list[str], ours, b_ids, b_scores, exact: dict[int, floa
     tie = len(ours) == len(b)
     tie32 = tie
     max_rel = 0.0
-    for (od, os_), (bd, bs) in zip(ours, b):
+    for (_, os_), (bd, _) in zip(ours, b):
         mine = exact.get(bd, 0.0)
         if mine != os_:
             tie = False

@@ -64,20 +64,20 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Iterator  # noqa: E402
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
 from _common import HELD_OUT, load_messages, machine, make_queries, pct  # noqa: E402
 from recall import ROWS_PER_ENTRY, git_state, log, make_memories  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 from memmesh.node import Node  # noqa: E402
 from memmesh.node.memory.agents import Agent  # noqa: E402
@@ -331,7 +331,7 @@ def main() -> int:
     log(f"corpus: {need:,} memories in {args.banks} banks, {len(messages)} queries")
 
     report: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": machine(),
         "git": git_state(),
         "parameters": {"banks": args.banks, "rows": args.rows, "calls": args.calls, "deadline_ms": args.deadline_ms,
@@ -339,12 +339,12 @@ def main() -> int:
                        "warmup_calls": WARMUP, "search_threads": SEARCH_THREADS, "slow_bank": slow_bank,
                        "own_memories": 0, "max_entries": 3},
     }
-    with tempfile.TemporaryDirectory(prefix="memmesh-bench-autorecall-") as tmp:
-        with Node.open(Path(tmp) / "home") as node:
-            report["build"] = build(node, args.banks, args.rows, mems, args.deadline_ms)
-            log(f"built {args.banks} banks in {report['build']['build_s']} s")
-            report["embedders"] = {p: bench_embedder(node, p, messages, slow_bank, args.deadline_ms)
-                                   for p in providers}
+    with (tempfile.TemporaryDirectory(prefix="memmesh-bench-autorecall-") as tmp,
+          Node.open(Path(tmp) / "home") as node):
+        report["build"] = build(node, args.banks, args.rows, mems, args.deadline_ms)
+        log(f"built {args.banks} banks in {report['build']['build_s']} s")
+        report["embedders"] = {p: bench_embedder(node, p, messages, slow_bank, args.deadline_ms)
+                               for p in providers}
     report["targets"] = {}
     for p, r in report["embedders"].items():
         p99 = r["normal"]["latency"]["p99_ms"]

@@ -29,10 +29,12 @@ import json
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core import TEXT, bench_verify, machine  # noqa: E402
 
 from memmesh.crdt.entry import client_id_for, sign_entry  # noqa: E402
 from memmesh.crdt.storage import StoredEntry  # noqa: E402
@@ -41,8 +43,6 @@ from memmesh.node import Node  # noqa: E402
 from memmesh.node.integrity import check_home  # noqa: E402
 from memmesh.node.integrity.entries import rebuild, verify  # noqa: E402
 from memmesh.node.storage import SqliteStorage  # noqa: E402
-
-from core import TEXT, bench_verify, machine  # noqa: E402
 
 BANK = "bench"
 BATCH = 5000
@@ -118,7 +118,7 @@ def main() -> int:
         parts = steps(home, bank_id)
     raw = bench_verify(5000)
     results = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": machine(),
         "entries": entries,
         "bank_entries": n,

@@ -51,7 +51,7 @@ def _make_home(home: Path, env: dict[str, str]) -> None:
     """One agent, one bank, 50 memories, made with the library (not timed)."""
     code = (
         "import sys\n"
-        "from node.library import Node\n"
+        "from memmesh.node.library import Node\n"
         "with Node.open(sys.argv[1]) as node:\n"
         "    node.run('embedder.set', {'provider': 'none'})\n"
         "    node.run('agent.new', {'name': 'alpha'})\n"

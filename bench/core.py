@@ -21,17 +21,18 @@ import os
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import machine  # noqa: E402,F401  (re-exported: other benches import it from here)
 
 from memmesh.auth.keys import DOMAIN_ENTRY, SigningKey  # noqa: E402
 from memmesh.auth.ops import GrantOp  # noqa: E402
 from memmesh.crdt.database import Database  # noqa: E402
 from memmesh.crdt.yjs import decode_append_update, encode_rows  # noqa: E402
 from memmesh.node.storage import SqliteStorage  # noqa: E402
-from _common import machine  # noqa: E402,F401  (re-exported: other benches import it from here)
 
 TEXT = ("The deploy process uses nix build and then copies the closure to prod; "
         "remember to push the cache afterwards and tag the release.")
@@ -107,7 +108,7 @@ def main() -> int:
         local, source, _ = bench_local(tmp, n_entries)
         remote, count = bench_remote(tmp, source, batch)
     results = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": machine(),
         "quick": args.quick,
         "entries": count,

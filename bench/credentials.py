@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 from bench._common import machine, need  # noqa: E402
 from memmesh.auth.keys import SigningKey  # noqa: E402
 from memmesh.node.memory import secrets  # noqa: E402
-from tests.oracles import find_secret_unfiltered  # noqa: E402
 from memmesh.tickets import encode, issue  # noqa: E402
+from tests.oracles import find_secret_unfiltered  # noqa: E402
 
 ALNUM = string.ascii_letters + string.digits
 UPNUM = string.ascii_uppercase + string.digits

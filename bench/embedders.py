@@ -406,7 +406,7 @@ class NumpyMiniLMReference:
         for i in range(self.layers):
             p = f"encoder.layer.{i}."
 
-            def lin(v, name):
+            def lin(v, name, p=p):
                 return v @ w[p + name + ".weight"].T + w[p + name + ".bias"]
 
             def split(v):

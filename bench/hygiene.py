@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import machine, need  # noqa: E402
+
 from memmesh.node.memory.hygiene import RULES, detect, normalise  # noqa: E402
 from tests.oracles import detect_unanchored  # noqa: E402
 
@@ -197,7 +198,7 @@ def main() -> None:
                                            if s_ == src["source"] and flag_of.get(t) is not None)}
             for src in sources}
         if args.show and half == args.half:
-            for t, h in [(t, h) for t, h in zip(sel, hits) if h is None][:args.show]:
+            for t in [t for t, h in zip(sel, hits) if h is None][:args.show]:
                 print("MISS", repr(t[:200]))
 
     # The anchor scan inside detect must never change an answer: check it on every string.

@@ -99,7 +99,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
 from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -108,7 +108,6 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-
 from _common import (  # noqa: E402
     HELD_OUT,
     bm25s_index,
@@ -128,8 +127,8 @@ from memmesh.auth.keys import SigningKey  # noqa: E402
 from memmesh.crdt.database import Database  # noqa: E402
 from memmesh.node.commands.tools import RecallArgs  # noqa: E402
 from memmesh.node.memory.bm25 import InvertedIndex  # noqa: E402
-from memmesh.node.memory.bm25 import _release_freed_memory as release_freed_memory  # noqa: E402
 from memmesh.node.memory.embedders import EmbedderConfig, HashedEmbedder, default_provider, make_embedder  # noqa: E402
+from memmesh.node.memory.heap import release_freed_memory  # noqa: E402
 from memmesh.node.memory.rows import MEMORY_STORE, check_time, embedding_value, iso_utc, memory_value  # noqa: E402
 from memmesh.node.memory.timeline import current_in, held_at  # noqa: E402
 from memmesh.node.memory.tokens import document_text, tokenize  # noqa: E402
@@ -660,7 +659,7 @@ def bench_neighbors(tmp: Path, mems: list[Mem], n: int, seed: int) -> dict:
 
         # The reference: every current row of both memories, each link resolved, both directions.
         ids = {name: node.agents.agent(name).db.id for name in sizes}
-        resolve = {name: db_id for name, db_id in ids.items()}.get
+        resolve = dict(ids).get
         links: set[tuple[str, str, str, str]] = set()  # (from db, from key, to db, to key)
         for name, db_id in ids.items():
             for m in node.memory.view(node.agents.agent(name).db).memories():
@@ -750,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict = {
         "bench": "recall",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {**machine(), "nproc": len(os.sched_getaffinity(0))},
         "python": sys.version.split()[0],
         "versions": versions(bm25s),

@@ -69,11 +69,6 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_common.py
 
-from memmesh.node.memory.bm25 import InvertedIndex  # noqa: E402
-from memmesh.node.memory.fusion import rrf  # noqa: E402
-from memmesh.node.memory.tokens import tokenize  # noqa: E402
-from memmesh.node.memory.vectors import VectorIndex  # noqa: E402
-
 from _common import (  # noqa: E402
     HELD_OUT,
     bm25s_index,
@@ -85,6 +80,11 @@ from _common import (  # noqa: E402
     need,
     timed,
 )
+
+from memmesh.node.memory.bm25 import InvertedIndex  # noqa: E402
+from memmesh.node.memory.fusion import rrf  # noqa: E402
+from memmesh.node.memory.tokens import tokenize  # noqa: E402
+from memmesh.node.memory.vectors import VectorIndex  # noqa: E402
 
 DIM = 384
 

@@ -18,13 +18,14 @@ import argparse
 import json
 import math
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.sim import SimConfig, simulate  # noqa: E402
 from _common import machine  # noqa: E402
+
+from tests.sim import SimConfig, simulate  # noqa: E402
 
 
 def main() -> int:
@@ -53,7 +54,7 @@ def main() -> int:
               f"{r.requests_per_peer_round_max:>4} {r.exchanges_per_peer_round_max:>6} {r.entries:>7} "
               f"{r.setup_s:>8.1f} {r.wall_s:>7.1f}", flush=True)
     results = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": machine(),
         "quick": args.quick,
         "seed": args.seed,

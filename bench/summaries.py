@@ -96,7 +96,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
 from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -106,8 +106,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-
 from _common import machine, need, pct  # noqa: E402
+
 from memmesh.node.history.pyramid import summarise_level1  # noqa: E402
 from memmesh.node.history.summary import DEFAULT_RATIO, budget_for, rank, select, split_sentences, summarise, word_count  # noqa: E402
 from memmesh.node.history.summary import fill as summary_fill  # noqa: E402
@@ -712,7 +712,7 @@ def main() -> None:
 
     from recall import git_state
 
-    result: dict[str, Any] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine(),
+    result: dict[str, Any] = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": machine(),
                               "git": git_state(), "quick": args.quick}
     if not args.skip_quality:
         data = args.data

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +53,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-
-from core import bench_verify  # noqa: E402
 from _common import machine  # noqa: E402
+from core import bench_verify  # noqa: E402
+
 from memmesh.auth.errors import MemmeshError  # noqa: E402
 from memmesh.node import Node  # noqa: E402
 from memmesh.node.control import SERVE_JSON, remote  # noqa: E402
@@ -72,13 +72,7 @@ TARGETS = {"bootstrap_over_verify": 0.5, "bootstrap_bytes_ratio": 1.2, "live_lat
            "convergence_s_p95": 5.0}
 
 # ---------------------------------------------------------------------- realistic memory rows
-_WORDS = ("deploy build release cache closure prod staging tag branch merge review test flaky "
-          "timeout retry database index query migration schema backup restore token secret key "
-          "rotate alert pager oncall incident latency throughput queue worker cron nightly "
-          "customer invoice billing refund contract meeting notes decision owner deadline "
-          "sprint roadmap design api endpoint client server config flag rollout canary metrics "
-          "dashboard log trace error warning fix patch upgrade version dependency python rust "
-          "docker kubernetes node cluster region replica shard disk memory cpu network dns").split()
+_WORDS = ["deploy", "build", "release", "cache", "closure", "prod", "staging", "tag", "branch", "merge", "review", "test", "flaky", "timeout", "retry", "database", "index", "query", "migration", "schema", "backup", "restore", "token", "secret", "key", "rotate", "alert", "pager", "oncall", "incident", "latency", "throughput", "queue", "worker", "cron", "nightly", "customer", "invoice", "billing", "refund", "contract", "meeting", "notes", "decision", "owner", "deadline", "sprint", "roadmap", "design", "api", "endpoint", "client", "server", "config", "flag", "rollout", "canary", "metrics", "dashboard", "log", "trace", "error", "warning", "fix", "patch", "upgrade", "version", "dependency", "python", "rust", "docker", "kubernetes", "node", "cluster", "region", "replica", "shard", "disk", "memory", "cpu", "network", "dns"]
 _TAGS = ("ops", "dev", "billing", "oncall", "design", "people", "infra", "security", "release")
 
 
@@ -136,13 +130,13 @@ class Serve:
     def __init__(self, home: Path, *extra: str, env: dict[str, str]) -> None:
         self.home = home
         self.log_path = home.parent / f"{home.name}-serve-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (the serve process writes it until stop() closes it)
         self.proc = subprocess.Popen([sys.executable, "-c", SHIM, "--home", str(home), "serve", "--listen",
                                       "127.0.0.1:0", "--no-discovery", "--api-listen", "off", *extra],
                                      stdout=subprocess.DEVNULL, stderr=self._log, env={**os.environ, **env})
         self.info: dict[str, Any] = {}
 
-    def wait_ready(self) -> "Serve":
+    def wait_ready(self) -> Serve:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -193,7 +187,7 @@ class Peer:
         with node:
             node.run("embedder.set", {"provider": "none"})  # no model runs anywhere
 
-    def start(self) -> "Peer":
+    def start(self) -> Peer:
         self.server = Serve(self.home, "--advertise", self.address, "--interval", str(self.interval),
                             "--fanout", str(self.fanout), env=SERVE_ENV).wait_ready()
         self.proxy.retarget(int(self.server.info["listen"].rsplit(":", 1)[1]))
@@ -470,9 +464,8 @@ def bench_convergence(tmp: Path, reps: int, args) -> dict[str, Any]:
             for group, other in ((g1, g2), (g2, g1)):
                 keys = {o.key for o in other}
                 for p in group:
-                    for peer in p.peers(db_id):
-                        if peer["key"] in keys:
-                            waits.append(max(0, peer["next_try_ms"] - now_ms) / 1000)
+                    waits.extend(max(0, peer["next_try_ms"] - now_ms) / 1000 for peer in p.peers(db_id)
+                                 if peer["key"] in keys)
             for p in nodes:
                 p.proxy.heal()
             t_heal = time.perf_counter()
@@ -529,12 +522,12 @@ def main() -> int:
     samples = args.samples or (10 if args.quick else 50)
     reps = args.reps or (2 if args.quick else 5)
     mach = machine()
-    print(f"memmesh sync benchmark  {datetime.now(timezone.utc):%Y-%m-%d}  {mach['cpu']} x{mach['cores']}  "
+    print(f"memmesh sync benchmark  {datetime.now(UTC):%Y-%m-%d}  {mach['cpu']} x{mach['cores']}  "
           f"interval {args.interval:g} s  fan-out {args.fanout}", flush=True)
     verify = bench_verify(n_verify)
     print(f"  ed25519_verify_per_s {verify:,.0f}", flush=True)
     results: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": mach,
         "commit": commit(),
         "quick": args.quick,

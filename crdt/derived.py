@@ -1,68 +1,148 @@
-"""Derived state of crdt/database.py, as a mixin of ``Database``: verdicts, erasure, which rows
-are shown, the pycrdt documents and the row events.
+"""The derived state of a database: what the stored log means once judged.
+
+Verdicts (crdt.validity) and the settings they give, which payloads accepted erases remove,
+which rows are shown, the database's meta, and the pycrdt documents. All of it is a function of
+the log index and the payloads in storage: rebuilt on open, and again whenever verdicts of
+entries already applied change; otherwise kept up to date entry by entry (``apply``).
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import pycrdt
 
-from memmesh.auth.permissions import ADMIN, WRITE
-from memmesh.crdt.validity import Evaluator, Event
+from memmesh.auth.permissions import ADMIN, WRITE, Permission
+from memmesh.crdt.log_index import IndexedEntry, LogIndex
+from memmesh.crdt.records import META, RowRecord, RowsAdded, _apply_to
+from memmesh.crdt.storage import Storage
+from memmesh.crdt.validity import AuthSettings, Evaluator, Event, Verdict
 from memmesh.crdt.yjs import Row, decode_append_update
 
-from memmesh.crdt.records import META, RowRecord, RowsAdded, _Stored, _apply_to
+# An entry applied by one ingest: its node, its decoded rows by store, the payloads stored.
+Applied = tuple[IndexedEntry, Mapping[str, tuple[Row, ...]], Mapping[str, bytes | None]]
+
+
+def event_of(node: IndexedEntry) -> Event:
+    """The entry as the validity rule sees it."""
+    needs = ADMIN if any(op.author != node.author_key for op in node.erases) else WRITE
+    return Event(node.entry.id, node.author_key, node.entry.seq, node.height, node.vv, node.ops,
+                 node.entry.is_root, needs)
 
 
 class DerivedState:
     """Derived from the log; rebuilt on open and when verdicts change."""
 
-    # ------------------------------------------------------------------ derived state
-    def _rebuild_verdicts(self) -> None:
+    def __init__(self, storage: Storage, db_id: str, index: LogIndex,
+                 emit: Callable[[RowsAdded], None]) -> None:
+        self._storage = storage
+        self._db_id = db_id
+        self._index = index
+        self._emit = emit
+        self._evaluator = Evaluator()
+        self._settings_cache: AuthSettings | None = None
+        self._meta_cache: dict[str, Any] | None = None
+        self._small_rows: dict[str, list[RowRecord]] = {}  # store -> its rows (small_rows)
+        self._docs: dict[str, pycrdt.Doc[pycrdt.Map[Any]]] = {}
+        self._erased: set[tuple[str, str, str]] = set()  # (entry, store, author) of accepted erases
+        self._live: dict[str, set[str]] | None = {}  # store -> row keys shown; None: recompute
+        self._hidden: set[tuple[str, str]] = set()  # (entry, store): rows repeat keys already shown
+
+    # ----------------------------------------------------------------------- verdicts
+    def rebuild_verdicts(self) -> None:
         self._evaluator = Evaluator()
         self._settings_cache = None
-        self._evaluator.add_many(
-            Event(n.entry.id, n.author_key, n.entry.seq, n.height, n.vv, n.ops, n.entry.is_root,
-                  ADMIN if any(op.author != n.author_key for op in n.erases) else WRITE)
-            for n in self._nodes.values() if not n.excluded
-        )
+        self._evaluator.add_many(event_of(n) for n in self._index.nodes.values() if not n.excluded)
 
-    def _recompute_erasure(self) -> None:
+    def add(self, event: Event) -> dict[str, Verdict]:
+        """Judge a new entry; returns the verdicts that changed (its own among them)."""
+        changed = self._evaluator.add(event)
+        if event.ops or event.is_root:
+            self._settings_cache = None
+        return changed
+
+    def preview(self, event: Event) -> Verdict:
+        return self._evaluator.preview(event)
+
+    def never_valid(self, event: Event) -> tuple[str, str] | None:
+        return self._evaluator.never_valid(event)
+
+    def verdict(self, entry_id: str) -> Verdict | None:
+        node = self._index.get(entry_id)
+        if node is None:
+            return None
+        if node.excluded:
+            return Verdict(False, "entry.equivocation")
+        return self._evaluator.verdict(entry_id)
+
+    def is_accepted(self, entry_id: str) -> bool:
+        v = self.verdict(entry_id)
+        return bool(v and v.accepted)
+
+    def applies(self, node: IndexedEntry) -> bool:
+        return not node.excluded and self._evaluator.verdict(node.entry.id).accepted
+
+    def explain(self, entry_id: str) -> str:
+        return self._evaluator.explain(entry_id)
+
+    def settings(self) -> AuthSettings:
+        # Built from every accepted operation, so kept until a settings entry changes it (sync
+        # asks for a caller's permission on every request).
+        if self._settings_cache is None:
+            self._settings_cache = self._evaluator.settings()
+        return self._settings_cache
+
+    def settings_at(self, vv: Mapping[str, int]) -> AuthSettings:
+        return self._evaluator.settings_at(vv)
+
+    def permission(self, key: str) -> Permission | None:
+        state = self.settings().get(key)
+        if state is None or state.status != "active":
+            return None
+        return state.permission
+
+    # ------------------------------------------------------------------------ erasure
+    def recompute_erasure(self) -> None:
         """The payloads accepted erases remove; storage is made to match (idempotent, so a crash
         between storing an erase and deleting what it erases is mended on the next open)."""
         erased: set[tuple[str, str, str]] = set()
-        for erase_id in self._erase_nodes:
-            node = self._nodes[erase_id]
-            if self._applies(node):
+        for erase_id in self._index.erase_nodes:
+            node = self._index[erase_id]
+            if self.applies(node):
                 erased.update((op.entry, op.store, op.author) for op in node.erases)
         self._erased = erased
         for entry_id, store, author in sorted(erased):
-            target = self._nodes.get(entry_id)
+            target = self._index.get(entry_id)
             if target is None or target.author_key != author or store not in target.entry.stores:
                 continue
-            if store not in self._absent.get(entry_id, ()):
-                self.storage.erase_payload(self.id, entry_id, store)
-                self._absent.setdefault(entry_id, set()).add(store)
+            if store not in self._index.absent(entry_id):
+                self._storage.erase_payload(self._db_id, entry_id, store)
+                self._index.mark_absent(entry_id, store)
 
-    def _applies(self, node: _Stored) -> bool:
-        return not node.excluded and self._evaluator.verdict(node.entry.id).accepted
+    def is_erased(self, entry_id: str, store: str, author: str) -> bool:
+        return (entry_id, store, author) in self._erased
 
-    def _visible(self, node: _Stored, store: str) -> bool:
+    @property
+    def erases_any(self) -> bool:
+        return bool(self._erased)
+
+    # --------------------------------------------------------------------- shown rows
+    def visible(self, node: IndexedEntry, store: str) -> bool:
         """Are the entry's rows of ``store`` shown? Accepted, payload held (so not erased), and
         no row key repeating one its author already showed: a crafted update that reuses its
         author's key is stored but never overwrites, on every replica alike (whether the earlier
         row is shown depends only on entries and erasures, never on arrival order)."""
-        return (self._applies(node) and store not in self._absent.get(node.entry.id, ())
+        return (self.applies(node) and store not in self._index.absent(node.entry.id)
                 and (node.entry.id, store) not in self._hidden)
 
-    def _show(self, node: _Stored, rows: Mapping[str, tuple[Row, ...]]) -> dict[str, tuple[Row, ...]]:
+    def show(self, node: IndexedEntry, rows: Mapping[str, tuple[Row, ...]]) -> dict[str, tuple[Row, ...]]:
         """Record which of a node's rows are shown (in storage order); returns them by store."""
         assert self._live is not None
         shown: dict[str, tuple[Row, ...]] = {}
-        if not self._applies(node):
+        if not self.applies(node):
             return shown
         for store, store_rows in rows.items():
-            if store in self._absent.get(node.entry.id, ()):
+            if store in self._index.absent(node.entry.id):
                 continue
             live = self._live.setdefault(store, set())
             if any(r.key in live for r in store_rows):
@@ -72,44 +152,35 @@ class DerivedState:
             shown[store] = store_rows
         return shown
 
-    def _ensure_live(self) -> None:
+    def show_loaded(self, order: Sequence[tuple[IndexedEntry, Mapping[str, tuple[Row, ...]]]]) -> None:
+        """Which rows are shown, from the entries just read from the log (in storage order)."""
+        self._live = {}
+        for node, rows in order:
+            self.show(node, rows)
+
+    def ensure_live(self) -> None:
         if self._live is not None:
             return
         self._live = {}
         self._hidden = set()
-        for stored in self.storage.entries(self.id):
-            node = self._nodes.get(stored.id)
-            if node is None or not self._applies(node):
+        for stored in self._storage.entries(self._db_id):
+            node = self._index.get(stored.id)
+            if node is None or not self.applies(node):
                 continue
             rows = {store: decode_append_update(update, root=store, client=node.entry.stores[store].client).rows
                     for store, update in stored.payloads.items() if update is not None}
-            self._show(node, rows)
+            self.show(node, rows)
 
-    def _doc(self, store: str) -> pycrdt.Doc:
-        """A store's pycrdt document, built from the log the first time it is asked for and
-        kept up to date from then on (documents nobody reads cost no memory)."""
-        doc = self._docs.get(store)
-        if doc is None:
-            self._ensure_live()
-            doc = pycrdt.Doc()
-            doc.get(store, type=pycrdt.Map)
-            # Storage order respects causality (parents are stored first), which is the order
-            # each author's clocks must be integrated in.
-            for stored in self.storage.entries(self.id, stores=[store]):
-                node = self._nodes.get(stored.id)
-                if node is not None and store in node.entry.stores:
-                    _apply_to(doc, store, node.entry.stores[store], stored.payloads.get(store),
-                              self._visible(node, store))
-            self._docs[store] = doc
-        return doc
-
-    def _rebuild_docs(self) -> None:
-        self._docs = {}  # rebuilt from the log when next read
+    def invalidate(self) -> None:
+        """Verdicts of applied entries changed: shown rows and documents are derived anew when read."""
+        self._live = None
+        self._docs = {}
         self._meta_cache = None
         self._small_rows = {}
 
-    def _apply(self, applied: list[tuple[_Stored, dict[str, tuple[Row, ...]], Mapping[str, bytes | None]]],
-               gc_fill: list[_Stored]) -> None:
+    def apply(self, applied: Sequence[Applied], gc_fill: Sequence[IndexedEntry]) -> None:
+        """Bring documents and shown rows up to date with entries one ingest stored, without a
+        rebuild: ``applied`` were accepted, ``gc_fill`` kept as candidates (their clocks only)."""
         for node in gc_fill:
             for store, desc in node.entry.stores.items():
                 self._small_rows.pop(store, None)
@@ -118,19 +189,69 @@ class DerivedState:
                     _apply_to(doc, store, desc, None, False)
         by_store: dict[str, list[RowRecord]] = {}
         for node, rows, payloads in applied:
-            shown = self._show(node, rows)
+            shown = self.show(node, rows)
             for store, desc in node.entry.stores.items():
                 doc = self._docs.get(store)
                 if doc is not None:
                     _apply_to(doc, store, desc, payloads.get(store), store in shown)
             for store, store_rows in shown.items():
                 by_store.setdefault(store, []).extend(self._records(store, node, store_rows))
-        for store, rows in by_store.items():
+        for store, records in by_store.items():
             self._small_rows.pop(store, None)
             if store == META:
                 self._meta_cache = None
-            self._emit(RowsAdded(store, tuple(rows)))
+            self._emit(RowsAdded(store, tuple(records)))
 
-    def _records(self, store: str, node: _Stored, rows: Sequence[Row]) -> list[RowRecord]:
+    def _records(self, store: str, node: IndexedEntry, rows: Sequence[Row]) -> list[RowRecord]:
         e = node.entry
         return [RowRecord(store, r.key, r.value, e.id, node.author_key, e.ts, (node.height, e.id, r.clock)) for r in rows]
+
+    # ------------------------------------------------------------------------ reading
+    def rows(self, store: str) -> list[RowRecord]:
+        """Every row of the store that is shown (accepted, payload held, not erased), in T order."""
+        self.ensure_live()
+        out: list[RowRecord] = []
+        # Payloads are read from storage (the database keeps only headers in memory).
+        for stored in self._storage.entries(self._db_id, stores=[store]):
+            update = stored.payloads.get(store)
+            node = self._index.get(stored.id)
+            if update is None or node is None or not self.visible(node, store):
+                continue
+            client = node.entry.stores[store].client
+            out.extend(self._records(store, node, decode_append_update(update, root=store, client=client).rows))
+        out.sort(key=lambda r: r.order)
+        return out
+
+    def small_rows(self, store: str) -> list[RowRecord]:
+        cached = self._small_rows.get(store)
+        if cached is None:
+            cached = self._small_rows[store] = self.rows(store)
+        return list(cached)
+
+    def meta(self) -> dict[str, Any]:
+        # Kept until a meta row is shown or derived state is rebuilt (reading it scans the log).
+        if self._meta_cache is None:
+            merged: dict[str, Any] = {}
+            for row in self.rows(META):
+                if isinstance(row.value, dict):
+                    merged.update(row.value)
+            self._meta_cache = merged
+        return dict(self._meta_cache)
+
+    def doc(self, store: str) -> pycrdt.Doc[pycrdt.Map[Any]]:
+        """A store's pycrdt document, built from the log the first time it is asked for and
+        kept up to date from then on (documents nobody reads cost no memory)."""
+        doc = self._docs.get(store)
+        if doc is None:
+            self.ensure_live()
+            doc = pycrdt.Doc()
+            doc.get(store, type=pycrdt.Map)
+            # Storage order respects causality (parents are stored first), which is the order
+            # each author's clocks must be integrated in.
+            for stored in self._storage.entries(self._db_id, stores=[store]):
+                node = self._index.get(stored.id)
+                if node is not None and store in node.entry.stores:
+                    _apply_to(doc, store, node.entry.stores[store], stored.payloads.get(store),
+                              self.visible(node, store))
+            self._docs[store] = doc
+        return doc

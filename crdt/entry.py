@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from functools import lru_cache
 
 import msgpack
 
@@ -118,7 +118,8 @@ class Entry:
 
 
 def _pack(obj: object) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def payload_descriptor(update: bytes, client: int, clock: int, clock_len: int) -> StoreDescriptor:
@@ -291,15 +292,15 @@ def decode_entry(
         raise _reject("entry.canonical", "header body is not in canonical msgpack form")
     checked: dict[str, bytes | None] = {}
     for name, update in payloads.items():
-        d = stores.get(name)
-        if d is None:
+        described = stores.get(name)
+        if described is None:
             raise _reject("entry.payload", f"payload for store {name!r} that the header does not describe")
         if update is None:
             checked[name] = None
             continue
-        if len(update) != d.length:
-            raise _reject("entry.payload", f"payload of store {name!r} has {len(update)} bytes, the header says {d.length}")
-        if hashlib.sha256(update).digest() != d.sha256:
+        if len(update) != described.length:
+            raise _reject("entry.payload", f"payload of store {name!r} has {len(update)} bytes, the header says {described.length}")
+        if hashlib.sha256(update).digest() != described.sha256:
             raise _reject("entry.payload", f"payload of store {name!r} does not match its sha256")
         checked[name] = bytes(update)
     for name in stores:

@@ -6,7 +6,6 @@ use, plus a human sentence in ``str(err)``.
 """
 from __future__ import annotations
 
-
 from memmesh.auth.errors import AuthError, KeyFormatError, MemmeshError, RejectedError
 
 __all__ = [

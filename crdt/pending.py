@@ -17,8 +17,9 @@ are read back when the entry can proceed.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TypeVar
 
 from memmesh.crdt.clock import now_ms
 from memmesh.crdt.errors import StorageError
@@ -59,6 +60,16 @@ class _Tally:
             self.bytes -= size
 
 
+_K = TypeVar("_K", str, tuple[str, str])
+
+
+def _untally(tallies: dict[_K, _Tally], name: _K, entry_id: str) -> None:
+    tally = tallies[name]
+    tally.remove(entry_id)
+    if not tally.ids:
+        del tallies[name]
+
+
 class _Desc:
     """Orders names in reverse, so that a min-heap of (-value, _Desc(name)) pops the largest
     (value, name) first: the same choice as ``max(..., key=lambda n: (value[n], n))``."""
@@ -68,7 +79,7 @@ class _Desc:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __lt__(self, other: "_Desc") -> bool:
+    def __lt__(self, other: _Desc) -> bool:
         return self.name > other.name
 
     def __eq__(self, other: object) -> bool:
@@ -171,12 +182,9 @@ class PendingArea:
                 ids.discard(entry_id)
                 if not ids:
                     del self._waiting[parent]
-        for tallies, name in ((self._authors, record.author), (self._sources, record.source),
-                              (self._source_authors, (record.source, record.author))):
-            tally = tallies[name]
-            tally.remove(entry_id)
-            if not tally.ids:
-                del tallies[name]
+        _untally(self._authors, record.author, entry_id)
+        _untally(self._sources, record.source, entry_id)
+        _untally(self._source_authors, (record.source, record.author), entry_id)
         self._rank(record.source, record.author)
         self._bytes -= record.size
         return record
@@ -253,6 +261,7 @@ class PendingArea:
                 break
             # The author holding most of what is exceeded (entries, or bytes) gives way first.
             biggest = self._author_rank[new.source][0 if over_entries else 1].top()
+            assert biggest is not None  # the source holds entries, so its authors are ranked
             evict(next(iter(self._source_authors[(new.source, biggest)].ids)))
             source = self._sources.get(new.source)
         while self._records:
@@ -261,6 +270,7 @@ class PendingArea:
                 break
             # The source holding most of what is exceeded gives way first.
             biggest_source = self._source_rank[0 if over_entries else 1].top()
+            assert biggest_source is not None  # the area holds entries, so their sources are ranked
             evict(next(iter(self._sources[biggest_source].ids)))
         return evicted
 

@@ -1,15 +1,16 @@
-"""Records and small pieces shared by the database's modules: what is kept per stored entry,
-rows, ingest results and events, the store-name rule, the stateless payload check, the GC pause.
+"""Records and small pieces shared by the database's modules: rows, ingest results and events,
+the store-name rule, the stateless payload check, the GC pause.
 """
 from __future__ import annotations
 
 import gc
 import logging
 import threading
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import pycrdt
 
@@ -36,20 +37,6 @@ MAX_UNACCEPTED_ENTRIES = 1024  # see docs/security.md: an offline writer revoked
 MAX_UNACCEPTED_BYTES = 8 * 1024 * 1024
 
 
-@dataclass(slots=True)
-class _Stored:
-    """What the database keeps in memory about one stored entry (its payloads stay in storage)."""
-
-    entry: Entry
-    author_key: str
-    height: int
-    vv: dict[str, int]
-    ops: tuple[GrantOp | RevokeOp, ...]
-    erases: tuple[EraseOp, ...] = ()
-    excluded: bool = False  # equivocation evidence: never evaluated or applied
-    size: int = 0  # header and payload bytes it arrived with
-
-
 @dataclass(frozen=True, slots=True)
 class RowRecord:
     """One row of a store, as an accepted entry inserted it."""
@@ -72,7 +59,7 @@ class IngestResult:
     filled: list[tuple[str, str]] = field(default_factory=list)  # (entry id, store) payloads filled in
     duplicates: int = 0
 
-    def merge(self, other: "IngestResult") -> None:
+    def merge(self, other: IngestResult) -> None:
         self.accepted += other.accepted
         self.stored_rejected += other.stored_rejected
         self.rejected += other.rejected
@@ -161,7 +148,7 @@ def check_payload_shape(store: str, desc: StoreDescriptor, update: bytes) -> _Sh
 
     Raises RejectedError with the reason code; the same verdict on every replica, whatever
     else it holds (row keys are author-prefixed, so a row can only ever collide with a row of
-    its own author; see Database._visible for how such a collision is shown).
+    its own author; see DerivedState.visible for how such a collision is shown).
     """
     if not valid_store_name(store):
         raise EntryRejected("entry.store_name", f"invalid store name {store!r}")
@@ -169,8 +156,8 @@ def check_payload_shape(store: str, desc: StoreDescriptor, update: bytes) -> _Sh
     if decoded.clock != desc.clock or decoded.length != desc.clock_len:
         raise EntryRejected("entry.payload", f"store {store!r} update does not cover the clock range its descriptor claims")
     check_append(decoded, next_clock=desc.clock, exists=_never)
-    ops: tuple = ()
-    erases: tuple = ()
+    ops: tuple[GrantOp | RevokeOp, ...] = ()
+    erases: tuple[EraseOp, ...] = ()
     if store == SETTINGS:
         ops = tuple(parse_op(row.value) for row in decoded.rows)
     elif store == ERASE:
@@ -188,7 +175,7 @@ def _client(key: SigningKey) -> int:
     return client_id_for(key.public.raw)
 
 
-def _apply_to(doc: pycrdt.Doc, store: str, desc: StoreDescriptor, update: bytes | None, accepted: bool) -> None:
+def _apply_to(doc: pycrdt.Doc[Any], store: str, desc: StoreDescriptor, update: bytes | None, accepted: bool) -> None:
     if accepted and update is not None:
         doc.apply_update(update)
     else:

@@ -10,8 +10,8 @@ in one record. Writes happen once per ingested batch, in one transaction.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import msgpack
 
@@ -72,10 +72,7 @@ class RefusalLog:
         writes: dict[str, bytes] = {}  # a flood wraps the ring: write each slot once
         counts_for = self._counts.get(source)
         if counts_for is None:
-            if len(self._counts) >= MAX_SOURCES:
-                source_key = "other"
-            else:
-                source_key = source
+            source_key = "other" if len(self._counts) >= MAX_SOURCES else source
             counts_for = self._counts.setdefault(source_key, {})
         for rid, reason, detail in items:
             n = self._next

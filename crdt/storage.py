@@ -627,7 +627,7 @@ class MemoryStorage(Storage):
                     db.unpend(entry.id)
                 elif move.stores:
                     payloads = dict(entry.payloads)
-                    payloads.update({s: None for s in move.stores})
+                    payloads.update(dict.fromkeys(move.stores))
                     db.log[entry.id] = StoredEntry(entry.id, entry.header, freeze_payloads(payloads))
                 else:
                     del db.log[entry.id]

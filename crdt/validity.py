@@ -32,8 +32,8 @@ against those in O(rounds x operations on its author).
 from __future__ import annotations
 
 from bisect import insort
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 from memmesh.auth.ops import GrantOp, RevokeOp
 from memmesh.auth.permissions import (
@@ -235,8 +235,8 @@ def _step1(e: Event, root_id: str | None, ops_by_key: Mapping[str, Sequence[_Ref
     if e.is_root:
         if e.id != root_id:
             return Verdict(False, BAD_ROOT), _Ctx(None)
-        st = KeyState(Admin(0), ACTIVE, (e.id,))
-        return Verdict(True, OK, (e.id,)), _Ctx(st, {op.key: None for op in e.ops})
+        root_state = KeyState(Admin(0), ACTIVE, (e.id,))
+        return Verdict(True, OK, (e.id,)), _Ctx(root_state, {op.key: None for op in e.ops})
 
     def state(key: str) -> KeyState | None:
         return _key_state(r for r in ops_by_key.get(key, ()) if in_past(r[0], e))
@@ -425,7 +425,7 @@ def evaluate(events: Iterable[Event]) -> dict[str, Verdict]:
 
 # ------------------------------------------------------------------------------ incremental
 
-class _RoundOps(tuple):
+class _RoundOps(tuple[_Ref, ...]):
     """One round's accepted operations on one key (a tuple of ``_Ref``), carrying its own memo of
     their full key state. The memo lives on the object, not in a module-level cache keyed by
     ``id()``: it goes away with the timeline that holds it, and no other object can ever be
@@ -435,9 +435,11 @@ class _RoundOps(tuple):
 
 
 _KeyRound = tuple[_RoundOps, tuple[_Removal, ...]]
+# What a key's timeline depends on: per round, its operations' and removals' (entry id, index).
+_Signature = tuple[tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]], ...]
 
 
-def _signature(timeline: Sequence[_KeyRound] | None) -> tuple:
+def _signature(timeline: Sequence[_KeyRound] | None) -> _Signature:
     if not timeline:
         return ()
     return tuple((tuple((r[0].id, r[1]) for r in ops), tuple(it.ref for it in rem)) for ops, rem in timeline)
@@ -512,7 +514,7 @@ class Evaluator:
         self._ctx: dict[str, _Ctx] = {}  # settings events: what step 1 saw in the deciding round
         self._rounds: list[_Round] = []
         self._timelines: dict[str, list[_KeyRound]] = {}
-        self._sigs: dict[str, tuple] = {}
+        self._sigs: dict[str, _Signature] = {}
         self.full_evaluations = 0  # how many times the rounds were re-run (observability, tests)
 
     # --------------------------------------------------------------------------- feeding
@@ -637,7 +639,7 @@ class Evaluator:
             reason = NOT_ADMIN if needed == ADMIN else NOT_WRITER
             return (reason, f"no grant of {needed} to {event.author} in the entry's causal past")
         # The author's priority is that of one of these grants at best.
-        best = min(p.priority for p in grants if p.level == ADMIN) if event.ops else 0
+        best = min(p.priority for p in grants if p.level == ADMIN and p.priority is not None) if event.ops else 0
         for op in event.ops:
             if isinstance(op, GrantOp) and op.priority is not None and op.priority < best:
                 return (GRANT_EXCEEDS, f"{op}: no grant in the entry's causal past gives "

@@ -196,7 +196,7 @@ def _any(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
             _reject("yjs.truncated", "container count runs past the end of the update")
         depth -= 1
         if tag == 117:
-            arr = []
+            arr: list[Any] = []
             append = arr.append
             for _ in range(n):
                 v, pos = _any(data, pos, depth)

@@ -5,22 +5,36 @@ non-zero exit code (1 for a refused operation, 2 for a usage error).
 
 Where a command runs: while ``memmesh serve`` runs for the home, every other command goes
 through serve's control channel (node/control.py) and is rendered here exactly as if it had
-run in this process; otherwise the command opens the home itself (``run_in_home``).
+run in this process; otherwise the command opens the home itself (node/dispatch.py).
+
+It answers at once: parsing needs only the commands' generated description
+(node/commands/cli_table.py), and a command that serve runs is sent as parsed, serve validating
+it, so neither imports pydantic, the handlers or the node. They load when the command runs here.
+The runners of the commands whose handler is a transport (serve, mcp) are this module's: it is
+the floor that may import the transports.
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from memmesh.auth.errors import MemmeshError
-from memmesh.node.cli_args import build_parser, command_of
-from memmesh.node.commands import Result, json_text
-from memmesh.node.commands.registry import Event
+from memmesh.node.cli_args import build_parser, command_of, commands
+from memmesh.node.command_result import Result, json_text
+from memmesh.node.home_dir import default_home
 from memmesh.node.refusal import failure
+
+if TYPE_CHECKING:
+    from memmesh.node.commands.mcp import Mcp
+    from memmesh.node.commands.registry import Event, EventSink
+    from memmesh.node.commands.serving import Serve
+    from memmesh.node.library import Node
+
+EITHER = "either"  # node.commands.registry.EITHER: may go through serve (not imported: this stays light)
 
 
 class ProgressBars:
@@ -77,46 +91,69 @@ def _render(result: Result, as_json: bool) -> None:
         print(f"warning: {terminal_safe(w)}", file=sys.stderr)
 
 
-SERVE = "serve"  # the one command that never goes through serve
+def _serve(node: Node, p: Serve) -> Result:
+    from memmesh.node.serve import serve_node  # the transport, imported only by the command that is one
+
+    return serve_node(node, listen=p.listen, discovery=False if p.no_discovery else None, log_json=p.log_json,
+                      interval_s=p.interval_s, fanout=p.fanout, advertise=p.advertise, api_listen=p.api_listen)
 
 
-def run_command(home: Path, name: str, params: dict[str, Any], events: Any = None) -> Result:
-    """Run one command for ``home``: through serve when it runs there, else in this process.
+def _mcp(home: Path, p: Mcp) -> Result:
+    from memmesh.node.commands.mcp import DEFAULT_HTTP_PORT, McpNotInstalled
 
-    The parameters are checked first, so a refused command never waits for the home."""
-    from memmesh.node.commands import REGISTRY
-    from memmesh.node.control import refuse_if_serving, route
-
-    cmd = REGISTRY.get(name)
-    parsed = cmd.parse(params)
-    if cmd.standalone:  # a transport of its own on the home's path (mcp): never sent to serve
-        return cmd.handler(home, parsed)
-    client = None
-    if name == SERVE:
-        refuse_if_serving(home, log_json=bool(getattr(parsed, "log_json", False)))
+    try:
+        from memmesh.node import mcp_server
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "mcp":
+            raise
+        raise McpNotInstalled("memmesh mcp needs the mcp extra: pip install 'memmesh[mcp]'") from None
+    if p.http:
+        mcp_server.run_http(home, p.agent, p.listen or f"127.0.0.1:{DEFAULT_HTTP_PORT}")
     else:
-        client = route(home)
-    if client is None:
-        from memmesh.node.library import run_in_home
+        mcp_server.run_stdio(home, p.agent)
+    return Result({"agent": p.agent}, "")
 
-        return run_in_home(home, name, params, events=events)
-    with client:
-        return client.run(name, params, events=events)
+
+# The commands whose handler is a transport, declared without one in node/commands.
+RUNNERS: dict[str, Callable[..., Result]] = {"serve": _serve, "mcp": _mcp}
+
+
+def run_command(home: Path, name: str, params: dict[str, Any], events: EventSink | None = None) -> Result:
+    """Run one command for ``home``: through serve when it runs there, else in this process
+    (node/dispatch.py), with this module's runners for the transports."""
+    import logging
+
+    from memmesh.node.dispatch import run_command as dispatch
+
+    # Only a command that runs here logs (a command sent to serve logs nothing of its own).
+    logging.basicConfig(level=logging.ERROR, format="memmesh: %(message)s")
+    return dispatch(home, name, params, events, RUNNERS)
+
+
+def _run(home: Path, name: str, params: dict[str, Any], events: EventSink) -> Result:
+    """node/dispatch.py's first step, before it imports the models: a command that may go
+    through serve is sent as it is when serve answers (serve validates it, and refuses it in the
+    words this process would); otherwise dispatch validates it and runs it."""
+    if commands()[name]["runs"] == EITHER:
+        from memmesh.node.control import remote
+
+        client = remote(home)
+        if client is not None:
+            with client:
+                return client.run(name, params, events=events)
+    return run_command(home, name, params, events)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     # Whatever memmesh creates (a home's files, SQLite's -wal and -shm, logs, backups) is its
     # user's alone, whatever the shell's umask; files that must be shared are none.
     os.umask(0o077)
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.ERROR, format="memmesh: %(message)s")
-    from memmesh.node.home import default_home
-
+    args = build_parser(lazy=True).parse_args(argv)
     home = getattr(args, "home", None) or default_home()
     bars = ProgressBars()
     try:
         name, params = command_of(args)
-        result = run_command(home, name, params, events=bars)
+        result = _run(home, name, params, bars)
     except (MemmeshError, OSError) as exc:
         line, code = failure(exc)  # type: ignore[misc]
         if getattr(args, "log_json", False):  # serve --log-json: its log stays one JSON object a line

@@ -42,7 +42,7 @@ class Reloaded:
     warnings: list[str] = field(default_factory=list)  # what needs a restart of serve
 
 
-def reload_config(node: "Node", *, event: str = "config.reloaded") -> Reloaded:
+def reload_config(node: Node, *, event: str = "config.reloaded") -> Reloaded:
     """Read HOME/config.yaml, apply it, tell the running serve; ConfigFileError (logged) when it
     cannot be used, the config in force then stays as it was."""
     path = node.home / CONFIG_FILE
@@ -76,7 +76,7 @@ def _log(level: int, event: str, **fields: Any) -> None:
     log.log(level, event, extra={"fields": fields})
 
 
-def apply_config(node: "Node", cfg: NodeConfig) -> list[str]:
+def apply_config(node: Node, cfg: NodeConfig) -> list[str]:
     """Make the node what ``cfg`` says; the changes made, for people (empty: nothing to do)."""
     old = applied(node)
     _check_names(node, cfg)
@@ -100,7 +100,7 @@ def apply_config(node: "Node", cfg: NodeConfig) -> list[str]:
 
 
 # ---------------------------------------------------------------------- checks (nothing changes)
-def _check_names(node: "Node", cfg: NodeConfig) -> None:
+def _check_names(node: Node, cfg: NodeConfig) -> None:
     """Refuse what the node's agents and banks make impossible, before anything is written."""
     for i, spec in enumerate(cfg.agents):
         if node.registry.bank(spec.name) is not None:
@@ -125,7 +125,7 @@ def _check_names(node: "Node", cfg: NodeConfig) -> None:
                                      f"the bank grant {spec.name}'s key")
 
 
-def _embedder_change(node: "Node", cfg: NodeConfig) -> tuple["EmbedderConfig", str | None] | None:
+def _embedder_change(node: Node, cfg: NodeConfig) -> tuple[EmbedderConfig, str | None] | None:
     """The embedder config (and API key) to set, None when the node's is already the one asked
     for; ConfigFileError when the key's variable is unset or the embedder cannot be built."""
     from memmesh.node.memory.embedders import EmbedderConfig, EmbedderError, make_embedder
@@ -155,7 +155,7 @@ def _embedder_change(node: "Node", cfg: NodeConfig) -> tuple["EmbedderConfig", s
 
 
 # ---------------------------------------------------------------------- steps
-def _default_bank(node: "Node", agent: Agent, name: str) -> list[str]:
+def _default_bank(node: Node, agent: Agent, name: str) -> list[str]:
     """Bank ``name`` exists, ``agent`` holds Write (or more) on it, and its DB refers to it."""
     changes = []
     if node.registry.bank(name) is None:
@@ -187,10 +187,8 @@ def _differences(old: NodeConfig, new: NodeConfig) -> list[str]:
                        f"{', '.join(spec.allowed_tools) or 'none'}")
         if was.system_prompt != spec.system_prompt:
             out.append(f"agent {spec.name}: system_prompt changed")
-    for was in old.agents:
-        if new.agent(was.name) is None:
-            out.append(f"agent {was.name}: no longer in config.yaml, so it has no profile (every tool allowed, "
-                       "no system prompt); the agent and its memories stay")
+    out += [f"agent {was.name}: no longer in config.yaml, so it has no profile (every tool allowed, "
+            "no system prompt); the agent and its memories stay" for was in old.agents if new.agent(was.name) is None]
     for section in ("sync", "api", "auto_recall"):
         before, after = getattr(old, section).model_dump(mode="json"), getattr(new, section).model_dump(mode="json")
         out += [f"{section}.{k}: {json.dumps(before[k])} -> {json.dumps(after[k])}"

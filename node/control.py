@@ -17,40 +17,39 @@ The protocol (one HTTP/1.1 request per command over the socket):
     -> 200, application/x-ndjson, one JSON object per line:
        {"event": {"event": "progress", "bank": "notes", "done": 32, "total": 100}}   (0..n)
        {"ok": true, "data": ..., "text": "...", "warnings": [...], "exit_code": 0} (last)
-       {"ok": false, "error": "ParamsError", "type": "memmesh.node.commands.params.ParamsError",
+       {"ok": false, "error": "ParamsError", "type": "memmesh.node.refusal.ParamsError",
         "message": "...", "exit": 1}                                               (or this)
     GET /status -> {"serve": <serve.json>, "sync": <SyncService.status()>}
 
 A refused command raises here the exception type it raises in-process (rebuilt from its class
 name, or an OSError from errno/strerror/filename), so the CLI renders both identically.
 
-Only the standard library is used (http.client over an AF_UNIX socket): the client pays no
-import of aiohttp, and a command through serve answers in the time of the in-process one.
+Only the standard library is used (HTTP/1.1 over the AF_UNIX socket: node/unix_http.py), with the error types
+and Result (node/command_result.py): the client imports no aiohttp, pydantic or node, so the
+CLI sends a command to serve without loading the commands (tests/test_cli_table.py checks it).
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import http.client
 import importlib
 import json
 import os
-import socket
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from memmesh.auth.errors import MemmeshError
-from memmesh.node.commands.result import Result
+from memmesh.node import unix_http
+from memmesh.node.command_result import Result
+from memmesh.node.unix_http import CONNECT_TIMEOUT_S, MAX_SOCKET_PATH  # noqa: F401  (imported from here)
 
 SERVE_JSON = "serve.json"
 SERVE_SOCK = "serve.sock"
 LOCK_FILE = "node.lock"  # node.home.LOCK_FILE (not imported: this module stays light)
-CONNECT_TIMEOUT_S = 5.0
 POLL_S = 0.05
-# sun_path holds 108 bytes on Linux (104 on macOS), the terminating NUL included.
-MAX_SOCKET_PATH = 100
 
 EventSink = Callable[[dict[str, Any]], None]
 
@@ -72,41 +71,25 @@ class RemoteError(MemmeshError):
         self.exit_code = exit_code
 
 
-# ---------------------------------------------------------------------- the socket's address
+# ---------------------------------------------------------------------- the socket
 @contextlib.contextmanager
 def socket_address(path: Path) -> Iterator[str]:
-    """An address for ``path`` that fits in sun_path: the path itself, or on Linux the same file
-    reached through an open descriptor of its directory (/proc/self/fd/N/serve.sock)."""
-    text = os.fspath(path)
-    if len(os.fsencode(text)) <= MAX_SOCKET_PATH:
-        yield text
-        return
-    if not os.path.isdir("/proc/self/fd"):
-        raise ServeError(f"the control socket path {text} is longer than a Unix socket allows "
-                         f"({MAX_SOCKET_PATH} bytes); use a shorter --home")
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    """An address for ``path`` that fits in sun_path (node/unix_http.py), or ServeError."""
     try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
+        with unix_http.socket_address(path) as address:
+            yield address
+    except unix_http.SocketPathTooLong:
+        raise ServeError(f"the control socket path {path} is longer than a Unix socket allows "
+                         f"({MAX_SOCKET_PATH} bytes); use a shorter --home") from None
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path) -> None:
-        super().__init__("localhost", timeout=CONNECT_TIMEOUT_S)
-        self.path = path
-
+class _UnixConnection(unix_http.UnixConnection):
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(CONNECT_TIMEOUT_S)
-            with socket_address(self.path) as address:
-                sock.connect(address)
-            sock.settimeout(None)  # a command may run for long (a reindex); serve answers in the end
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+            super().connect()
+        except unix_http.SocketPathTooLong:
+            raise ServeError(f"the control socket path {self.path} is longer than a Unix socket allows "
+                             f"({MAX_SOCKET_PATH} bytes); use a shorter --home") from None
 
 
 # ---------------------------------------------------------------------- the client
@@ -125,7 +108,7 @@ class ControlClient:
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> "ControlClient":
+    def __enter__(self) -> ControlClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -153,7 +136,7 @@ class ControlClient:
                 elif events is not None:
                     events(msg["event"])
             resp.read()  # the end of the chunked body: the connection can carry the next request
-        except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError) as exc:
             raise self._lost(name, exc) from None
         if final is None:
             raise self._lost(name)
@@ -168,7 +151,7 @@ class ControlClient:
             self._conn.request("GET", "/status")
             resp = self._conn.getresponse()
             data = json.loads(resp.read())
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             raise self._lost("status", exc) from None
         return data
 

@@ -80,6 +80,11 @@ class Peer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def started(self) -> subprocess.Popen:
+        """Its serve process; asked only of a peer whose serve was started."""
+        assert self.proc is not None
+        return self.proc
+
     def log_tail(self, lines: int = 5) -> str:
         try:
             text = self.log.read_text(errors="replace").strip().splitlines()
@@ -210,13 +215,13 @@ class Demo:
             self.say(f"$ memmesh --home {peer.name} serve {shlex.join(SERVE_ARGS)} &")
             with open(peer.log, "w") as log:
                 # preexec_fn is unsafe only with threads running, and the demo starts none.
-                peer.proc = subprocess.Popen([*CLI, "--home", str(peer.home), "serve", *SERVE_ARGS],  # noqa: PLW1509
+                peer.proc = subprocess.Popen([*CLI, "--home", str(peer.home), "serve", *SERVE_ARGS],
                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                              start_new_session=True, preexec_fn=_PREEXEC)
         for peer in self.peers:
             peer.info = self._ready(peer)
             api = f", its HTTP API at {peer.info['api']}" if peer.info.get("api") else ""
-            self.note(f"{peer.name} serves peers at {peer.info['address']}{api} (pid {peer.proc.pid}, "
+            self.note(f"{peer.name} serves peers at {peer.info['address']}{api} (pid {peer.started().pid}, "
                       f"log {peer.log.name}); commands for {peer.name} now go through it")
 
     def _ready(self, peer: Peer) -> dict[str, Any]:
@@ -248,16 +253,16 @@ class Demo:
             if peer.running():
                 self._signal(peer, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    peer.proc.wait(5)  # type: ignore[union-attr]
-            code = peer.proc.returncode  # type: ignore[union-attr]
-            self.note(f"serve for {peer.name} stopped (pid {peer.proc.pid}, exit {code})")  # type: ignore[union-attr]
+                    peer.started().wait(5)
+            code = peer.started().returncode
+            self.note(f"serve for {peer.name} stopped (pid {peer.started().pid}, exit {code})")
 
     @staticmethod
     def _signal(peer: Peer, sig: int) -> None:
         # Only while the process is not reaped: its pid, and so its group id, is still ours.
         if peer.running():
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(peer.proc.pid, sig)  # type: ignore[union-attr]
+                os.killpg(peer.started().pid, sig)
 
     def hurry(self, signum: int, frame: object) -> None:
         self._hurry = True

@@ -23,8 +23,9 @@ import itertools
 import secrets
 import threading
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from memmesh.crdt.clock import now_ms
 from memmesh.crdt.database import SETTINGS, Database
@@ -117,7 +118,7 @@ class EventBus:
         return Batch(events, max(after, last), missed)
 
     # ------------------------------------------------------------------ waiting (on the loop)
-    def subscribe(self) -> "Subscription":
+    def subscribe(self) -> Subscription:
         return Subscription(self)
 
     def _wake(self) -> None:
@@ -152,7 +153,7 @@ class Subscription:
             return True
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 
@@ -160,7 +161,7 @@ class Subscription:
         with self._bus._lock:
             self._bus._waiters.discard(self._event)
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -177,7 +178,7 @@ class DatabaseWatch:
     """Publishes ``entry.accepted``, ``entry.refused`` and ``grant.changed`` for every database
     the node opens. Runs on the database thread (where ingests happen)."""
 
-    def __init__(self, node: "Node", publish: Callable[[str, dict[str, Any]], None]) -> None:
+    def __init__(self, node: Node, publish: Callable[[str, dict[str, Any]], object]) -> None:
         self.node = node
         self.publish = publish
         self._grants: dict[str, dict[str, tuple[str | None, str]]] = {}

@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from memmesh.auth.errors import MemmeshError
 from memmesh.crdt.database import Database
@@ -39,7 +40,8 @@ from memmesh.crdt.storage import Storage
 from memmesh.node.file_check import clean, damaged
 
 if TYPE_CHECKING:
-    from memmesh.node.library import Node
+    from memmesh.node.registry import AgentRecord, BankRecord
+    from memmesh.node.sync.host import SyncHost
     from memmesh.node.sync.state import SyncState
 
 log = logging.getLogger("memmesh.fence")
@@ -64,7 +66,7 @@ class Fence:
     catch_up: bool = True
     lost: dict[str, int] = field(default_factory=dict)  # author -> highest seq a repair lost
 
-    def merged(self, newer: "Fence") -> "Fence":
+    def merged(self, newer: Fence) -> Fence:
         """Both conditions hold until both are met: a repair of a restored home keeps the catch-up."""
         lost = dict(self.lost)
         for author, seq in newer.lost.items():
@@ -122,7 +124,7 @@ def lift(storage: Storage, db_id: str) -> Fence | None:
 
 
 # ----------------------------------------------------------------------------- the rule
-def held_elsewhere(sync: "SyncState", db_id: str, db: Database | None, own_keys: set[str]) -> bool:
+def held_elsewhere(sync: SyncState, db_id: str, db: Database | None, own_keys: set[str]) -> bool:
     """May another node hold entries of this database? (The module docstring gives the rule.)
     ``db`` None (it could not be opened): assume so."""
     if sync.is_shared(db_id) or sync.peers.peers(db_id) or sync.links(db_id):
@@ -142,9 +144,10 @@ def caught_up(fence: Fence, ours: Mapping[str, tuple[int, str]], theirs: Mapping
 
 
 # ----------------------------------------------------------------------------- the node
-def registered_name(node: "Node", db_id: str) -> str:
+def registered_name(node: SyncHost, db_id: str) -> str:
     """A name `memmesh unfence` takes for the database: its bank or agent name, else its id."""
-    for rec in [*node.registry.banks(), *node.registry.agents()]:
+    records: list[BankRecord | AgentRecord] = [*node.registry.banks(), *node.registry.agents()]
+    for rec in records:
         if rec.db_id == db_id:
             return rec.name
     return db_id
@@ -167,7 +170,7 @@ def message(fence: Fence, name: str) -> str:
             f"memmesh unfence {name} if no peer has them")
 
 
-def install(node: "Node") -> None:
+def install(node: SyncHost) -> None:
     """Put the guard on every database the node opens or creates (called once per node)."""
     def guard_of(db: Database) -> None:
         def guard() -> None:
@@ -180,7 +183,7 @@ def install(node: "Node") -> None:
     node.on_open(guard_of)
 
 
-def after_exchange(node: "Node", db: Database, peer: str, stats: Any) -> Fence | None:
+def after_exchange(node: SyncHost, db: Database, peer: str, stats: Any) -> Fence | None:
     """A sync exchange of ``db`` with ``peer`` completed (``stats``: protocol.ExchangeStats):
     lift the fence if this node now holds what the peer showed of its own feeds. The fence
     lifted, if it was."""
@@ -196,7 +199,7 @@ def after_exchange(node: "Node", db: Database, peer: str, stats: Any) -> Fence |
     return fence
 
 
-def status(node: "Node") -> list[dict[str, Any]]:
+def status(node: SyncHost) -> list[dict[str, Any]]:
     """The fenced databases, for `memmesh status`."""
     return [{"db": f.db, "name": registered_name(node, f.db), "reason": f.reason, "since_ms": f.since_ms,
              "why": why(f)} for f in fences(node.storage)]

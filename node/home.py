@@ -18,8 +18,9 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from memmesh.auth.errors import MemmeshError
 from memmesh.auth.keys import SigningKey
@@ -194,15 +195,6 @@ def _lock_home(home: Path, timeout: float) -> int:
     return fd
 
 
-def default_home() -> Path:
-    """$MEMMESH_HOME, else the per-user data directory (XDG on Linux)."""
-    env = os.environ.get("MEMMESH_HOME")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "memmesh"
-
-
 class Home:
     """One peer's home: its storage, keys, registries and hosted databases."""
 
@@ -250,7 +242,7 @@ class Home:
             )
 
     @classmethod
-    def init(cls, home: Path | str) -> tuple["Home", bool]:
+    def init(cls, home: Path | str) -> tuple[Home, bool]:
         """Create the node in ``home`` if it is new; returns (node, created)."""
         home = Path(home)
         cls.check_files(home)
@@ -273,7 +265,7 @@ class Home:
         return node, created
 
     @classmethod
-    def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> "Home":
+    def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Home:
         home = Path(home)
         cls.check_files(home)
         if not cls.is_initialised(home):
@@ -310,7 +302,7 @@ class Home:
             os.close(self._lock_fd)  # releases the lock
             self._lock_fd = None
 
-    def __enter__(self) -> "Home":
+    def __enter__(self) -> Home:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,45 +11,45 @@ convenience calls go through the command registry like every other transport.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from memmesh.node.commands import REGISTRY, EventSink, Result
-from memmesh.node.fence import install as install_fence
-from memmesh.node.home import Home
-from memmesh.node.memory.agents import Agents
+from memmesh.node.core_node import CoreNode
 from memmesh.node.memory.embedders import Embedder, EmbedderConfig, default_provider, make_embedder
 from memmesh.node.memory.service import MemoryService
 from memmesh.node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
-from memmesh.node.sync.state import SyncState
+from memmesh.node.settings import applied, memory_defaults
 from memmesh.node.worker import Network
 
 
-class Node(Home):
+class Node(CoreNode):
     """A node with its agents, banks and memory tools."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.agents = Agents(self)
         self._memory: MemoryService | None = None
-        self.network = Network()  # serve points it at its loop and database thread
         # Set by serve while it runs: its listeners, discovery, start time (for `status`).
         self.serve_info: dict[str, Any] | None = None
-        self._sync: SyncState | None = None
-        install_fence(self)  # a fenced database refuses local writes (node/fence.py)
 
     @classmethod
-    def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = 30.0) -> "Node":
+    def open(cls, home: Path | str, *, create: bool = True, lock_timeout: float = 30.0) -> Node:
         node = super().open(home, create=create, lock_timeout=lock_timeout)
         assert isinstance(node, Node)
         return node
 
-    @property
-    def sync(self) -> SyncState:
-        """What this node shares, the peers it knows, its invites and its links' status."""
-        if self._sync is None:
-            self._sync = SyncState(self.storage, str(self.peer_key.public))
-        return self._sync
+    @contextlib.contextmanager
+    def serving(self, network: Network) -> Iterator[None]:
+        """serve's run: commands reach its loop, daemon, event bus and live config through
+        ``network`` until it stops; the node outlives the run, and is offline again after it."""
+        self.network = network
+        try:
+            yield
+        finally:
+            self.network = Network()
+            self.serve_info = None
 
     # ------------------------------------------------------------------ embedder
     def embedder_config(self) -> EmbedderConfig:
@@ -78,7 +78,8 @@ class Node(Home):
         if self._memory is None:
             cfg = self.embedder_config()
             embedder = make_embedder(cfg, api_key=self.registry.secret(EMBEDDER_SECRET))
-            self._memory = MemoryService(self.agents, embedder)
+            self._memory = MemoryService(self.agents, embedder, settings=ConfigInForce(self),
+                                         serving=lambda: self.network.serving)
         return self._memory
 
     def close(self) -> None:
@@ -109,6 +110,20 @@ class Node(Home):
         """``context_window``: the answering model's, in tokens (None: 100,000); sizes the block."""
         return self.run("autorecall", {"agent": agent, "messages": list(messages), "session": session,
                                        "context_window": context_window}).data["block"]
+
+
+class ConfigInForce:
+    """The memory service's settings (node/memory/defaults.py) from the config in force."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def defaults(self) -> dict[str, Any]:
+        return memory_defaults(self.node)
+
+    def default_banks(self, agent: str) -> list[str]:
+        spec = applied(self.node).agent(agent)
+        return list(spec.default_memory_banks) if spec is not None else []
 
 
 def run_in_home(home: Path | str, name: str, params: dict[str, Any], events: EventSink | None = None) -> Result:

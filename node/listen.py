@@ -8,6 +8,7 @@ import ipaddress
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7411
+OFF = "off"  # where the HTTP API listens when it should not: nowhere
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -26,3 +27,16 @@ def parse_listen(text: str) -> tuple[str, int]:
     elif ":" in host:
         raise ValueError(f"should be HOST:PORT, an IPv6 address in brackets: [{host}]:{port}")
     return host, int(port)
+
+
+def check_listen(value: str | None) -> str | None:
+    """The rule as a field validator applies it: not given (None) passes, anything else is
+    HOST:PORT (ValueError says why not)."""
+    if value is not None:
+        parse_listen(value)
+    return value
+
+
+def check_listen_or_off(value: str | None) -> str | None:
+    """``check_listen`` for a listener that may be turned off (the HTTP API's ``off``)."""
+    return value if value == OFF else check_listen(value)

@@ -19,11 +19,12 @@ serve itself (a sync round, a command), and an operator acting twice should see 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["OWN_LOGGERS", "REPEAT_INTERVAL_S", "RepeatFilter"]
 
@@ -63,10 +64,8 @@ class RepeatFilter(logging.Filter):
         # Its first line only: asyncio's exception handler folds varying details into later lines.
         template = record.msg if isinstance(record.msg, str) else type(record.msg).__name__
         if not _DIRECTIVE.sub("", template).strip():  # "%s": the text is all in the args (py.warnings)
-            try:
+            with contextlib.suppress(Exception):  # a bad format string keeps its template
                 template = record.getMessage()
-            except Exception:
-                pass
         return (record.name, record.levelno, template.split("\n", 1)[0][:200])
 
     def filter(self, record: logging.LogRecord) -> bool:

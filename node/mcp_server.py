@@ -7,13 +7,14 @@ Over HTTP every request carries the node's API token (``Authorization: Bearer`` 
 of HOME/api.token, as for the HTTP API; ``BearerGuard``); stdio needs none (the client spawned
 this process as the home's user).
 
-It publishes the agent tools of node/commands/tools.TOOLS (remember, recall, list_memory_banks,
-neighbors) and the auto-recall block as the prompt ``relevant_memories``, with the official SDK's
-``MCPServer``. It is a transport and nothing more: every call is a registry command (``tool``,
-``autorecall``) run by ``node.cli.run_command`` through the home's running serve. MCP clients
-each spawn their own server, so this process must never write the home itself: when no serve
-runs for the home it starts one, detached, and says so on stderr (``ensure_serve``); two
-clients on one home then share that one serve.
+It publishes the agent tools of the catalogue (node/catalogue.py: remember, recall,
+list_memory_banks, neighbors; their argument models are node/commands/tools.TOOLS) and the
+auto-recall block as the prompt ``relevant_memories``, with the official SDK's ``MCPServer``.
+It is a transport and nothing more: every call is a registry command (``tool``, ``autorecall``)
+run by ``node.dispatch.run_command`` through the home's running serve. MCP clients each spawn
+their own server, so this process must never write the home itself: when no serve runs for
+the home it starts one, detached, and says so on stderr (``ensure_serve``); two clients on one
+home then share that one serve.
 
 One schema: a tool's input schema is its argument model's ``model_json_schema()``; the SDK
 derives nothing from a Python signature and validates nothing, the arguments reach the
@@ -32,9 +33,10 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Iterator
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -48,28 +50,33 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
 
 from memmesh.auth.errors import MemmeshError
-from memmesh.node.api.app import host_allowed
-from memmesh.node.api_token import matches, read_token
-from memmesh.node.cli import run_command
-from memmesh.node.refusal import failure
-from memmesh.node.commands import ParamsError, Result
+from memmesh.node.api_token import read_token
+from memmesh.node.catalogue import CATALOGUE, ToolSpec
+from memmesh.node.command_result import Result
 from memmesh.node.commands.tools import TOOLS, AutoRecall
 from memmesh.node.control import POLL_S, remote, route
+from memmesh.node.dispatch import run_command
 from memmesh.node.home import Home, NotInitialised, flock_within
+from memmesh.node.http_guard import bearer_refusal, host_allowed
+from memmesh.node.refusal import ParamsError, failure
 
 PROMPT = "relevant_memories"
 SERVE_LOG = "serve.log"  # where a serve started here writes (appended: one file per home)
 SPAWN_LOCK = "serve.spawn.lock"  # held while one `memmesh mcp` starts serve for the home
 START_TIMEOUT_S = 30.0  # a cold interpreter importing memmesh on a loaded machine
 
-# Hints for clients (never security): what each tool does to the world.
-ANNOTATIONS: dict[str, ToolAnnotations] = {
-    "remember": ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                                open_world_hint=False),
-    "recall": ToolAnnotations(read_only_hint=True, open_world_hint=False),
-    "list_memory_banks": ToolAnnotations(read_only_hint=True, open_world_hint=False),
-    "neighbors": ToolAnnotations(read_only_hint=True, open_world_hint=False),
-}
+
+
+def tool_annotations(tool: ToolSpec) -> ToolAnnotations:
+    """The catalogue's hints for clients (never security) as MCP states them: a read-only tool
+    needs no destructive or idempotent hint (MCP: they mean nothing then)."""
+    if tool.read_only:
+        return ToolAnnotations(read_only_hint=True, open_world_hint=tool.open_world)
+    return ToolAnnotations(read_only_hint=False, destructive_hint=tool.destructive, idempotent_hint=tool.idempotent,
+                           open_world_hint=tool.open_world)
+
+
+ANNOTATIONS: dict[str, ToolAnnotations] = {tool.name: tool_annotations(tool) for tool in CATALOGUE}
 
 
 class ServeStartError(MemmeshError):
@@ -179,7 +186,9 @@ class RegistryPrompt(Prompt):
     missing argument with a generic internal error)."""
 
     async def render(self, arguments: dict[str, Any] | None, context: Any) -> list[Message]:
-        return await self.fn(arguments or {})
+        # fn is what build_server gave: _in_thread(_relevant_memories), whose messages it awaits.
+        render = cast(Callable[[dict[str, Any]], Awaitable[list[Message]]], self.fn)
+        return await render(arguments or {})
 
 
 def _run_tool(home: Path, agent: str, name: str, arguments: dict[str, Any]) -> CallToolResult:
@@ -233,18 +242,19 @@ def build_server(home: Path, agent: str, allowed: Iterable[str] | None = None) -
     and prompt, calling the home's serve."""
     home = Path(home)
     allowed = set(TOOLS if allowed is None else allowed)
-    tools = [RegistryTool(fn=_in_thread(partial(_run_tool, home, agent, name)), name=name,
-                          description=spec.description, parameters=spec.args.model_json_schema(),
-                          fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True,
-                          annotations=ANNOTATIONS[name])
+    tools: list[Tool] = [
+        RegistryTool(fn=_in_thread(partial(_run_tool, home, agent, name)), name=name, title=None,
+                     description=spec.description, parameters=spec.args.model_json_schema(),
+                     fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True, context_kwarg=None,
+                     annotations=ANNOTATIONS[name])
              for name, spec in TOOLS.items() if name in allowed]
     fields = AutoRecall.model_fields
     prompt = RegistryPrompt(
-        name=PROMPT, title="Relevant memories",
+        name=PROMPT, title="Relevant memories", context_kwarg=None,
         description=f"The '## Relevant Memories' block: what agent {agent} and the banks attached to it remember "
                     "that bears on the last messages (no message when nothing does).",
         arguments=[PromptArgument(name=name, required=fields[name].is_required(),
-                                  description=fields[name].description + LINES.get(name, ""))
+                                  description=(fields[name].description or "") + LINES.get(name, ""))
                    for name in PROMPT_ARGS],
         fn=_in_thread(partial(_relevant_memories, home, agent)))
     server: MCPServer = MCPServer(
@@ -308,7 +318,7 @@ class BearerGuard:
             await self.app(scope, receive, send)
             return
         headers = scope.get("headers") or []
-        # The HTTP API's Host rule (node/api/app.py), before the token: the SDK's own check takes
+        # The HTTP API's Host rule (node/http_guard.py), before the token: the SDK's own check takes
         # "127.0.0.1:*" as a prefix, so "127.0.0.1:7413@elsewhere" passed it.
         hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
         server = scope.get("server")
@@ -317,8 +327,7 @@ class BearerGuard:
                                                             "address it listens on (or localhost)")
             return
         given = dict(headers).get(b"authorization", b"").decode("latin-1")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() == "bearer" and value.strip() and matches(value.strip(), self._token):
+        if bearer_refusal(given, self._token) is None:
             await self.app(scope, receive, send)
             return
         message = ("this MCP server needs the node's token: send Authorization: Bearer <the content of "
@@ -339,7 +348,7 @@ def run_http(home: Path, agent: str, listen: str) -> None:
     """Serve MCP over Streamable HTTP on ``listen`` (a loopback address; Mcp checks it)."""
     import uvicorn
 
-    from memmesh.node.serve import bind_listen
+    from memmesh.node.binding import bind_listen
 
     server = prepare(home, agent)
     token = read_token(home)  # serve made it; the agent's tools need it as the HTTP API does
@@ -355,7 +364,8 @@ def run_http(home: Path, agent: str, listen: str) -> None:
     # body, so each is timed as serve's are (node/listeners.py).
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from memmesh.node.listeners import Limits, timed_protocol
+    from memmesh.node.conn_limits import Limits
+    from memmesh.node.request_timing import timed_protocol
 
     limits = Limits.from_env()
     config = uvicorn.Config(app, log_config=None, access_log=False, log_level="warning",

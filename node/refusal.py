@@ -27,7 +27,7 @@ def failure(exc: BaseException) -> tuple[str, int] | None:
 
 MAX_QUOTED = 80  # a value a message quotes is cut to this many characters: enough to recognise it
 MAX_LINE = 1000  # a refusal is one line someone reads, whatever it quotes
-_QUOTED = re.compile(r"'[^'\n]{%d,}'|\"[^\"\n]{%d,}\"" % (MAX_QUOTED, MAX_QUOTED))
+_QUOTED = re.compile(rf"'[^'\n]{{{MAX_QUOTED},}}'|\"[^\"\n]{{{MAX_QUOTED},}}\"")
 
 
 def one_line(text: str) -> str:

@@ -26,7 +26,7 @@ EMBEDDER_CONFIG = "embedder"  # node setting: the embedder's provider, model, ..
 EMBEDDER_SECRET = "embedder-api-key"  # credential: the embedding service's API key
 
 
-class NameError_(MemmeshError):  # noqa: N801 - the builtin NameError means something else
+class NameError_(MemmeshError):  # the builtin NameError means something else
     """A name that is malformed, taken, or unknown."""
 
 

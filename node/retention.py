@@ -85,9 +85,11 @@ class Policy:
         return {**self.value(), "entry": self.entry, "by": self.by}
 
 
-def _days(what: str, n: Any, optional: bool = False) -> int | None:
-    if n is None and optional:
-        return None
+def _optional_days(what: str, n: Any) -> int | None:
+    return None if n is None else _days(what, n)
+
+
+def _days(what: str, n: Any) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_DAYS:
         raise PolicyError(f"{what} is a whole number of days from 1 to {MAX_DAYS}, got {n!r}")
     return n
@@ -105,7 +107,7 @@ def policy_value(days: Any, compress_after: Any = None, success_x: Any = 1.0, fa
     """A policy from user input; PolicyError with the rule when any part breaks it."""
     if not isinstance(keep_promoted_evidence, bool):
         raise PolicyError(f"keep_promoted_evidence is true or false, got {keep_promoted_evidence!r}")
-    return Policy(_days("days", days), _days("compress_after", compress_after, optional=True),
+    return Policy(_days("days", days), _optional_days("compress_after", compress_after),
                   _multiplier("success_gone_x", success_x), _multiplier("failure_gone_x", failure_x),
                   keep_promoted_evidence)
 

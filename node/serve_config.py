@@ -10,15 +10,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from memmesh.node.listen import DEFAULT_HOST, DEFAULT_PORT
 from memmesh.node.settings import ApiSpec, ConfigFileError, NodeConfig, SyncSpec, applied
 
 if TYPE_CHECKING:
     from memmesh.node.library import Node
-    from memmesh.node.sync.service import SyncService
 
 log = logging.getLogger("memmesh.serve")
 RESTART_ONLY = ("listen", "advertise", "discovery")
@@ -62,17 +62,22 @@ def _pick(flag: T | None, configured: T) -> T:
     return configured if flag is None else flag
 
 
-class LiveConfig:
-    """The config a running serve works with; ``reconfigure`` is its ``node.network`` hook."""
+class Daemon(Protocol):
+    """What a reload changes in the running sync daemon (node/sync/service.py)."""
 
-    def __init__(self, flags: SyncFlags, running: SyncSettings, api: ApiSpec) -> None:
-        self.flags = flags
-        self.running = running
-        self.api = api
-        self.sync: "SyncService | None" = None
+    def configure(self, *, interval_s: float, fanout: int, peers: Sequence[str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class StartConfig:
+    """What serve starts with: its flags, and the settings they resolve to over config.yaml."""
+
+    flags: SyncFlags
+    running: SyncSettings
+    api: ApiSpec
 
     @classmethod
-    def start(cls, node: "Node", flags: SyncFlags) -> "LiveConfig":
+    def load(cls, node: Node, flags: SyncFlags) -> StartConfig:
         """Load and apply config.yaml as serve starts (on the database thread, before it
         listens). A config that cannot be used is logged (config.error) and serve goes on with
         the last good one."""
@@ -83,9 +88,16 @@ class LiveConfig:
         cfg = applied(node)
         return cls(flags, flags.resolve(cfg.sync), cfg.api)
 
-    def attach(self, node: "Node", sync: "SyncService") -> None:
-        self.sync = sync
-        node.network.reconfigure = self.reconfigure
+
+class LiveConfig:
+    """The config a running serve works with: the node's Reconfigurer (node/worker.py) while
+    serve runs, built from what serve started with and the daemon a reload reaches."""
+
+    def __init__(self, start: StartConfig, daemon: Daemon) -> None:
+        self.flags = start.flags
+        self.running = start.running
+        self.api = start.api
+        self.daemon = daemon
 
     def reconfigure(self, cfg: NodeConfig) -> list[str]:
         """Apply what can change live (on the database thread); what needs a restart, for people."""
@@ -99,8 +111,7 @@ class LiveConfig:
         live = (new.interval_s, new.fanout, new.peers)
         if live != (self.running.interval_s, self.running.fanout, self.running.peers):
             self.running = replace(self.running, interval_s=new.interval_s, fanout=new.fanout, peers=new.peers)
-            if self.sync is not None:
-                self.sync.configure(interval_s=new.interval_s, fanout=new.fanout, peers=new.peers)
+            self.daemon.configure(interval_s=new.interval_s, fanout=new.fanout, peers=new.peers)
             log.info("sync.reconfigured", extra={"fields": {"interval_s": new.interval_s, "fanout": new.fanout,
                                                             "peers": list(new.peers)}})
         return warnings

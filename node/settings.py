@@ -51,14 +51,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, ValidationInfo,
-                      field_validator)
+from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from memmesh.auth.errors import MemmeshError
+from memmesh.node import catalogue
+from memmesh.node.listen import check_listen
 from memmesh.node.registry import NAME_RE
-from memmesh.node.listen import parse_listen
 from memmesh.node.strict import StrictModel
+from memmesh.node.validation_text import shown, what_is_wrong
 
 if TYPE_CHECKING:
     from memmesh.node.home import Home
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 CONFIG_FILE = "config.yaml"
 APPLIED = "config-in-force"  # registry setting: the last config applied cleanly (JSON)
 DEFAULT_API_PORT = 7412
-TOOL_NAMES = ("remember", "recall", "list_memory_banks", "neighbors")
+TOOL_NAMES = catalogue.TOOL_NAMES  # the tools an agent may be allowed (node/catalogue.py)
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything near this is a mistake
 # The deepest key of a config is a few levels down (agents[0].auto_recall.trust_weights.peer);
 # 32 leaves room and stays far below what recursion (YAML's composer, this module) can take.
@@ -94,7 +95,7 @@ class ConfigFileError(MemmeshError):
         self.problem = message if problem is None else problem
 
     @classmethod
-    def at(cls, file: str | os.PathLike[str], line: int | None, problem: str) -> "ConfigFileError":
+    def at(cls, file: str | os.PathLike[str], line: int | None, problem: str) -> ConfigFileError:
         where = f"{file}:{line}" if line else str(file)
         return cls(f"{where}: {problem}", file=str(file), line=line, problem=problem)
 
@@ -120,12 +121,6 @@ PATTERN_WORDS = {
 SECRET_KEYS = ("api_key_env",)  # a value there may be a key pasted by mistake: never echoed
 
 
-def _check_listen(value: str | None) -> str | None:
-    if value is not None:
-        parse_listen(value)
-    return value
-
-
 def _check_address(value: str) -> str:
     from memmesh.tickets import parse_address  # the form tickets and peer exchange use
 
@@ -142,7 +137,7 @@ Address = Annotated[str, AfterValidator(_check_address)]
 class AgentSpec(_Section):
     name: Name
     system_prompt: Annotated[str, Field(max_length=65536)] = ""
-    allowed_tools: list[Literal["remember", "recall", "list_memory_banks", "neighbors"]] = list(TOOL_NAMES)
+    allowed_tools: list[Literal[TOOL_NAMES]] = list(TOOL_NAMES)  # type: ignore[valid-type]
     default_memory_banks: list[Name] = []
 
 
@@ -175,7 +170,7 @@ class SyncSpec(_Section):
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
-        return _check_listen(value)
+        return check_listen(value)
 
 
 class ApiSpec(_Section):
@@ -185,7 +180,7 @@ class ApiSpec(_Section):
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
-        _check_listen(value)
+        check_listen(value)
         return value
 
 
@@ -200,7 +195,7 @@ def _memory_value(key: str, raw: Any) -> Any:
     """``raw`` as the agent memory config takes it: parse_config_value is the one rule, so
     config.yaml and `memory config set` accept and refuse the same values with the same words."""
     # imported here: node.memory.agents imports half the node, which imports this module
-    from memmesh.node.memory.agents import ConfigError, parse_config_value
+    from memmesh.node.memory.agent_config import ConfigError, parse_config_value
 
     try:
         return parse_config_value(AUTO_RECALL_KEYS[key], raw)
@@ -209,7 +204,7 @@ def _memory_value(key: str, raw: Any) -> Any:
 
 
 def _memory_default(key: str) -> Any:
-    from memmesh.node.memory.agents import CONFIG_DEFAULTS
+    from memmesh.node.memory.agent_config import CONFIG_DEFAULTS
 
     return _memory_value(key, CONFIG_DEFAULTS[AUTO_RECALL_KEYS[key]])  # a copy, never the shared dict
 
@@ -225,6 +220,7 @@ class AutoRecallSpec(_Section):
     @field_validator("half_lives", "trust_weights", "include_secrets", "deadline_ms", mode="before")
     @classmethod
     def _memory_rule(cls, raw: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None  # a field validator is always given its field
         return _memory_value(info.field_name, raw)
 
     def memory_config(self) -> dict[str, Any]:
@@ -260,7 +256,7 @@ class NodeConfig(_Section):
     def agent(self, name: str) -> AgentSpec | None:
         return next((a for a in self.agents if a.name == name), None)
 
-    def same_as(self, other: "NodeConfig") -> bool:
+    def same_as(self, other: NodeConfig) -> bool:
         return self.model_dump() == other.model_dump()
 
     @property
@@ -348,9 +344,9 @@ def _file_problems(cfg: NodeConfig) -> list[tuple[Loc, str]]:
     if e is not None:
         if e.backend == "remote" and e.provider is None:
             out.append((("embedding", "backend"), "backend remote needs provider: openai or ollama"))
-        for key in ("provider", "api_base", "api_key_env"):
-            if e.backend != "remote" and getattr(e, key) is not None:
-                out.append((("embedding", key), f"{key} is for backend remote (backend is {e.backend})"))
+        out.extend((("embedding", key), f"{key} is for backend remote (backend is {e.backend})")
+                   for key in ("provider", "api_base", "api_key_env")
+                   if e.backend != "remote" and getattr(e, key) is not None)
     return out
 
 
@@ -487,12 +483,7 @@ def _section_model(loc: Loc) -> type[BaseModel] | None:
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return shown(value, mapping="a mapping", sequence="a list")  # YAML's words
 
 
 def _problem(e: Any) -> str:
@@ -518,7 +509,7 @@ def _problem(e: Any) -> str:
     elif kind == "string_pattern_mismatch" and e.get("ctx", {}).get("pattern") in PATTERN_WORDS:
         message = PATTERN_WORDS[e["ctx"]["pattern"]]
     else:
-        message = e["msg"].removeprefix("Value error, ").removeprefix("Input ")
+        message = what_is_wrong(e)
     # The offending value, bounded (_shown); never for the whole document (loc empty): a file
     # that is not a mapping at all is not config text, and its start is nobody's business.
     if loc and not any(part in SECRET_KEYS for part in loc):
@@ -527,13 +518,13 @@ def _problem(e: Any) -> str:
 
 
 # ---------------------------------------------------------------------- the config in force
-def applied(node: "Home") -> NodeConfig:
+def applied(node: Home) -> NodeConfig:
     """The config in force: the last one applied cleanly, or the defaults if none ever was."""
     raw: Any = node.registry.config(APPLIED)
     return NodeConfig() if raw is None else NodeConfig.model_validate(raw)
 
 
-def check_tool(node: "Home", agent: str, tool: str) -> None:
+def check_tool(node: Home, agent: str, tool: str) -> None:
     """ToolNotAllowed unless the config in force lets ``agent`` use ``tool`` (an agent that
     config.yaml does not name may use every tool)."""
     spec = applied(node).agent(agent)
@@ -543,10 +534,10 @@ def check_tool(node: "Home", agent: str, tool: str) -> None:
     raise ToolNotAllowed(f"agent {agent} may not use {tool}: its allowed_tools in config.yaml {allowed}")
 
 
-def memory_defaults(node: "Home") -> dict[str, Any]:
+def memory_defaults(node: Home) -> dict[str, Any]:
     """An agent's memory config before its own `memory config set` rows: the built-in defaults
     with config.yaml's auto_recall section over them."""
-    from memmesh.node.memory.agents import CONFIG_DEFAULTS
+    from memmesh.node.memory.agent_config import CONFIG_DEFAULTS
 
     return {**CONFIG_DEFAULTS, **applied(node).auto_recall.memory_config()}
 

@@ -5,8 +5,9 @@ import os
 # suite runs with a deadline that only a held index misses (tests of the deadline set their own).
 os.environ.setdefault("MEMMESH_AUTO_RECALL_DEADLINE_MS", "10000")
 
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402 (the environment above is set before any node import)
-from typing import TYPE_CHECKING, Iterator  # noqa: E402
+from typing import TYPE_CHECKING
 
 import pytest  # noqa: E402
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from memmesh.auth.keys import SigningKey
 from memmesh.auth.ops import GrantOp, RevokeOp

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import threading
@@ -84,10 +85,8 @@ class EmbedServer:
             return mode, body, web.Response(text='{"data": [ this is not json', content_type="application/json")
         if mode == "hang":
             assert self._stopping is not None
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=120)
-            except asyncio.TimeoutError:
-                pass
             return mode, body, web.json_response({"error": "gave up"}, status=503)
         if mode == "trickle":
             resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
@@ -159,7 +158,7 @@ class EmbedServer:
         loop.run_forever()
         loop.close()
 
-    def start(self) -> "EmbedServer":
+    def start(self) -> EmbedServer:
         self._thread = threading.Thread(target=self._main, name="embed-server", daemon=True)
         self._thread.start()
         if not self._ready.wait(10):
@@ -184,7 +183,7 @@ class EmbedServer:
             self._thread.join(10)
             self._thread = None
 
-    def __enter__(self) -> "EmbedServer":
+    def __enter__(self) -> EmbedServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 _HEAD_LIMIT = 64 * 1024  # the header block of the first request is looked for in this many bytes
 _HEAD_TIMEOUT_S = 10.0
@@ -88,7 +88,7 @@ class Proxy:
                 if not data:
                     break
                 head += data
-        except (ConnectionError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError, OSError):
             writer.close()
             return
         caller = _caller(head)

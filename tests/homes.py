@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any
 
 import aiohttp
 
@@ -54,7 +55,7 @@ async def api_on(node: Node) -> AsyncIterator[tuple[Any, str, aiohttp.ClientSess
 
     from memmesh.node.api.app import build_app
     from memmesh.node.api_token import read_token
-    from memmesh.node.serve import CommandRunner
+    from memmesh.node.control_server import CommandRunner
     from memmesh.node.worker import DbThread
 
     db = DbThread()

@@ -18,12 +18,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from memmesh.node.commands.result import Result
-from tests.faultproxy import Proxy
 from memmesh.node.control import SERVE_JSON, SERVE_SOCK, ControlClient, _UnixConnection
+from tests.faultproxy import Proxy
 
 CLI = [sys.executable, "-m", "memmesh.node.cli"]
 START_TIMEOUT_S = 30.0  # a cold interpreter importing memmesh on a loaded 2-core machine
@@ -61,12 +62,12 @@ class Serve:
         self._log: Any = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "Serve":
+    def start(self) -> Serve:
         assert not self.running(), "serve is already running"
         self._close_log()
         path = self.home.parent / f"{self.home.name}-serve-{len(self.logs)}.log"
         self.logs.append(path)
-        self._log = open(path, "w")
+        self._log = open(path, "w")  # noqa: SIM115 (serve writes it until _close_log)
         args = [*CLI, "--home", str(self.home), "serve", "--listen", self.listen, "--interval", f"{self.interval:g}",
                 "--api-listen", "127.0.0.1:0"]  # any free port: tests run many serves at once
         if not self.discovery:
@@ -78,7 +79,7 @@ class Serve:
                                      stderr=self._log)
         return self
 
-    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> "Serve":
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> Serve:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:

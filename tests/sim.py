@@ -27,8 +27,9 @@ import hashlib
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pycrdt
 
@@ -150,7 +151,7 @@ class _Clock:
 class _Peer:
     """One simulated node: its key, database, peer book, server and client."""
 
-    def __init__(self, index: int, key: SigningKey, db: Database, clock: "_Clock", rnd: random.Random,
+    def __init__(self, index: int, key: SigningKey, db: Database, clock: _Clock, rnd: random.Random,
                  share: int | None) -> None:
         self.index = index
         self.key = key

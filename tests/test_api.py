@@ -38,8 +38,8 @@ from memmesh.node.commands import REGISTRY
 from memmesh.node.commands.params import NoParams, Params, ParamsError
 from memmesh.node.commands.registry import Registry
 from memmesh.node.commands.result import Result
+from memmesh.node.control_server import CommandRunner
 from memmesh.node.registry import NameTaken, UnknownName
-from memmesh.node.serve import CommandRunner
 from memmesh.node.settings import ToolNotAllowed
 from memmesh.node.worker import DbThread
 from tests.procs import processes

@@ -1,7 +1,6 @@
 """Unit tests for auth.permissions (holds, may_change, settings snapshot) and auth.ops (parse_op)."""
 from __future__ import annotations
 
-
 import pytest
 
 from memmesh.auth.errors import AuthError
@@ -19,7 +18,6 @@ from memmesh.auth.permissions import (
     weakest,
 )
 from tests.dbkit import key_str as key
-
 
 K = key("k")
 

@@ -16,9 +16,9 @@ from memmesh.node.commands import REGISTRY, ParamsError, Result
 from memmesh.node.commands.params import Cli, Params
 from memmesh.node.commands.registry import Registry
 from memmesh.node.memory.agents import CONFIG_DEFAULTS, agent_state
+from memmesh.tickets import decode
 from tests.test_registry import snapshot
 from tests.test_sharing import issuer  # noqa: F401  (the fixture: a node serving its sync API)
-from memmesh.tickets import decode
 
 PEER = "ed25519:Kay64UG8yvCyLhqU000LxzYeUm0L_hLIl5S8kyKWbdc"
 

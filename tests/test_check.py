@@ -22,9 +22,9 @@ from memmesh.node import Node
 from memmesh.node.integrity import CheckRefused
 from memmesh.node.library import run_in_home
 from memmesh.node.storage import SqliteStorage
+from tests.homes import agent_with_bank
 from tests.procs import processes, until
 from tests.test_cli import mm
-from tests.homes import agent_with_bank
 
 BANK = "notes"
 NOTES = 40  # enough entries that the entries table spans several pages

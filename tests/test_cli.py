@@ -55,7 +55,7 @@ def mm_here(*args: str, home: Path | None = None, check: bool = True) -> subproc
 def test_init_prints_peer_key_and_creates_0600_key(tmp_path):
     home = tmp_path / "node"
     out = mm("init", home=home).stdout
-    line = next(l for l in out.splitlines() if l.startswith("peer key: "))
+    line = next(ln for ln in out.splitlines() if ln.startswith("peer key: "))
     key = PublicKey.parse(line.removeprefix("peer key: "))
     key_file = home / "keys" / "peer.key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600

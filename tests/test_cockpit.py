@@ -14,8 +14,9 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -95,7 +96,7 @@ def api(serve: Serve, method: str, path: str, body: Any = None) -> Any:
         return json.loads(resp.read())["data"]
 
 
-def open_page(context: Any, serve: Serve, shots: Path, name: str, address: str | None = None) -> "Page":
+def open_page(context: Any, serve: Serve, shots: Path, name: str, address: str | None = None) -> Page:
     """The cockpit of ``serve`` (at ``address``, default its API's) in a new tab, signed in with
     the home's token."""
     page = context.new_page()
@@ -109,11 +110,11 @@ def open_page(context: Any, serve: Serve, shots: Path, name: str, address: str |
     return page
 
 
-def field(page: "Page", row: str, key: str, value: str, name: str) -> str:
+def field(page: Page, row: str, key: str, value: str, name: str) -> str:
     return page.inner_text(f"[data-testid={row}][data-{key}='{value}'] [data-field={name}]").strip()
 
 
-def wait_field(page: "Page", row: str, key: str, value: str, name: str, want: str, what: str) -> None:
+def wait_field(page: Page, row: str, key: str, value: str, name: str, want: str, what: str) -> None:
     def shown() -> bool:
         try:
             return field(page, row, key, value, name) == want
@@ -123,7 +124,7 @@ def wait_field(page: "Page", row: str, key: str, value: str, name: str, want: st
           interval=0.1)
 
 
-def _safe(page: "Page", row: str, key: str, value: str, name: str) -> str:
+def _safe(page: Page, row: str, key: str, value: str, name: str) -> str:
     try:
         return field(page, row, key, value, name)
     except Exception as exc:
@@ -149,18 +150,18 @@ def recall_fields(r: dict[str, Any]) -> dict[str, str]:
             "quarantines_active": str(q["active"]), "quarantines_released": str(q["released"])}
 
 
-def recall_shown(page: "Page") -> dict[str, str]:
+def recall_shown(page: Page) -> dict[str, str]:
     return {f: page.inner_text(f"[data-testid=bank-recall] [data-field={f}]").strip() for f in RECALL_FIELDS}
 
 
-def _recall_or_none(page: "Page") -> dict[str, str] | None:
+def _recall_or_none(page: Page) -> dict[str, str] | None:
     try:
         return recall_shown(page)
     except Exception:  # the section is being re-rendered
         return None
 
 
-def not_reloaded(page: "Page") -> bool:
+def not_reloaded(page: Page) -> bool:
     return page.evaluate("window.__not_reloaded === true")
 
 
@@ -288,7 +289,7 @@ def test_the_autorecall_preview_is_the_block_the_api_returns_byte_for_byte(singl
     page.screenshot(path=str(tmp_path / "preview.png"), full_page=True)
 
 
-def stream_state(page: "Page") -> str:
+def stream_state(page: Page) -> str:
     return page.get_attribute("[data-testid=stream-state]", "data-state") or ""
 
 

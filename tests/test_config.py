@@ -16,14 +16,27 @@ from hypothesis import strategies as st
 
 from memmesh.node import Node
 from memmesh.node.cli import main
-from memmesh.node.listen import DEFAULT_HOST, DEFAULT_PORT
 from memmesh.node.config_apply import apply_config, reload_config
+from memmesh.node.listen import DEFAULT_HOST, DEFAULT_PORT
 from memmesh.node.memory.agents import CONFIG_DEFAULTS, ConfigError, agent_state, parse_config_value
 from memmesh.node.registry import EMBEDDER_SECRET
-from memmesh.node.serve_config import LiveConfig, SyncFlags
-from memmesh.node.settings import (APPLIED, AUTO_RECALL_KEYS, CONFIG_FILE, TEMPLATE, ConfigFileError, NodeConfig, SyncSpec,
-                           ToolNotAllowed, applied, load_config, memory_defaults, parse_config)
+from memmesh.node.serve_config import LiveConfig, StartConfig, SyncFlags
+from memmesh.node.settings import (
+    APPLIED,
+    AUTO_RECALL_KEYS,
+    CONFIG_FILE,
+    TEMPLATE,
+    ConfigFileError,
+    NodeConfig,
+    SyncSpec,
+    ToolNotAllowed,
+    applied,
+    load_config,
+    memory_defaults,
+    parse_config,
+)
 from memmesh.node.sync.service import SyncService
+from memmesh.node.worker import Network
 
 CONFIG = """\
 agents:
@@ -477,15 +490,15 @@ def test_flags_win_over_the_file_which_wins_over_the_defaults():
 def test_a_reload_reaches_the_daemon_and_says_what_needs_a_restart(home):
     with Node.open(home) as node:
         flags = SyncFlags(listen="127.0.0.1:0", fanout=4)
-        live = LiveConfig.start(node, flags)
-        sync = SyncService(node, address="http:127.0.0.1:1", discovery=False, interval_s=live.running.interval_s,
-                           fanout=live.running.fanout, peers=live.running.peers)
-        live.attach(node, sync)
-        _write(home, "sync:\n  listen: 127.0.0.1:7999\n  interval_s: 0.5\n  fanout: 9\n  discovery: false\n"
-                     "  peers: [http:127.0.0.1:7998]\napi:\n  listen: 127.0.0.1:7997\n")
-        done = reload_config(node)
-        assert (sync.interval_s, sync.fanout, sync.peers) == (0.5, 4, ("http:127.0.0.1:7998",))  # --fanout pinned
-        assert len(done.warnings) == 2
-        assert done.warnings[0].startswith('sync.discovery is now false in config.yaml, but serve keeps true')
-        assert "api section changed" in done.warnings[1]  # listen is pinned by its flag: no warning
-        assert reload_config(node).warnings == done.warnings  # true until serve restarts
+        start = StartConfig.load(node, flags)
+        sync = SyncService(node, address="http:127.0.0.1:1", discovery=False, interval_s=start.running.interval_s,
+                           fanout=start.running.fanout, peers=start.running.peers)
+        with node.serving(Network(config=LiveConfig(start, sync))):
+            _write(home, "sync:\n  listen: 127.0.0.1:7999\n  interval_s: 0.5\n  fanout: 9\n  discovery: false\n"
+                         "  peers: [http:127.0.0.1:7998]\napi:\n  listen: 127.0.0.1:7997\n")
+            done = reload_config(node)
+            assert (sync.interval_s, sync.fanout, sync.peers) == (0.5, 4, ("http:127.0.0.1:7998",))  # --fanout pinned
+            assert len(done.warnings) == 2
+            assert done.warnings[0].startswith('sync.discovery is now false in config.yaml, but serve keeps true')
+            assert "api section changed" in done.warnings[1]  # listen is pinned by its flag: no warning
+            assert reload_config(node).warnings == done.warnings  # true until serve restarts

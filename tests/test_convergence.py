@@ -49,8 +49,7 @@ def _history(rnd: random.Random, steps: int) -> list[tuple]:
 def _run_history(actions) -> list[Database]:
     root = new_db(KEYS[0])
     replicas = [root] + [replica(root) for _ in KEYS[1:]]
-    n = 0
-    for act in actions:
+    for n, act in enumerate(actions):
         kind = act[0]
         try:
             if kind == "write":
@@ -70,7 +69,6 @@ def _run_history(actions) -> list[Database]:
                 feed(replicas[b], replicas[a])
         except AuthError:
             pass  # the local replica refused: nothing was stored
-        n += 1
     return replicas
 
 

@@ -16,8 +16,9 @@ import json
 import resource
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ from memmesh.node import Node
 from memmesh.node.commands import REGISTRY
 from memmesh.node.storage import SqliteStorage
 from tests.dbkit import grant, key, new_db, write
-from tests.procs import Serve, processes, until
 from tests.homes import agent_with_bank
+from tests.procs import Serve, processes, until
 
 CLI = [sys.executable, "-m", "memmesh.node.cli"]
 BIG = "x" * 200_000  # needs dozens of new pages: no free page of the file can take it

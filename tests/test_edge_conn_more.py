@@ -18,8 +18,8 @@ from unittest import mock
 import pytest
 
 from memmesh.node.control import SERVE_SOCK
-from memmesh.node.listeners import RequestFramer
 from memmesh.node.logthrottle import RepeatFilter
+from memmesh.node.request_timing import RequestFramer
 from tests import procs
 from tests.procs import CLI, processes, until
 from tests.test_edge_connections import _closed, _connect, _port
@@ -79,7 +79,7 @@ def test_a_burst_allowance_writes_a_few_of_a_kind_then_folds():
 
     assert [f.filter(rec()) for _ in range(10_000)].count(True) == 10
     now[0] = 11.0
-    assert [getattr(r, "repeated") for r in f.flush()] == [9_990]
+    assert [r.repeated for r in f.flush()] == [9_990]
 
 
 # ---------------------------------------------------------------------- a real serve
@@ -113,7 +113,8 @@ def test_every_request_is_timed_its_body_and_a_later_head_too(home, monkeypatch)
         expect = f"POST /v1/memory/new HTTP/1.1\r\n{auth}Expect: 100-continue\r\nContent-Length: 10\r\n\r\n"
         held["api expect"] = stack.enter_context(contextlib.closing(_connect(api, first=expect.encode())))
         sent: dict[int, int] = {}
-        until(lambda: all([_drip(held[w], dripped[w][2], sent) if w in dripped else _closed(held[w]) for w in held]),
+        # A list, not a generator: every connection drips its byte each round, whatever the first answers.
+        until(lambda: all([_drip(held[w], dripped[w][2], sent) if w in dripped else _closed(held[w]) for w in held]),  # noqa: C419
               WAIT_S, lambda: "closed: " + ", ".join(w for w in held if _closed(held[w])), interval=0.2)
         log = s.log()
         assert "the request body was not complete 2 s after its head" in log, log
@@ -217,7 +218,7 @@ def test_the_mcp_http_transport_cuts_stalled_connections_and_serve_stays_answera
         stalled = [stack.enter_context(contextlib.closing(
             _connect(port, f"127.0.0.{2 + i % 20}", b"POST /mcp HTTP/1.1\r\nHo"))) for i in range(80)]
         assert s.run("status", {}).exit_code == 0  # serve and its control socket are another matter
-        until(lambda: all([_closed(c) for c in stalled]), WAIT_S, "the stalled MCP connections to be cut")
+        until(lambda: all(_closed(c) for c in stalled), WAIT_S, "the stalled MCP connections to be cut")
         with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as c:
             c.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n\r\n".encode())
             assert c.recv(100).startswith(b"HTTP/1.1 401"), "answered, not 503"

@@ -15,15 +15,15 @@ import resource
 import socket
 import subprocess
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 from unittest import mock
 
 import pytest
 
+from memmesh.node.conn_limits import Limits, LimitsError
 from memmesh.node.control import SERVE_JSON, SERVE_SOCK
-from memmesh.node.listeners import Limits, LimitsError
 from memmesh.node.logthrottle import RepeatFilter
-from memmesh.node.serve import LogFormatter
+from memmesh.node.serve_log import LogFormatter
 from tests import procs
 from tests.procs import CLI, Serve, processes, until
 
@@ -147,7 +147,7 @@ def test_repeats_are_written_once_per_interval_with_a_count():
     assert [f.filter(rec("x", name="memmesh.serve", throttle="refused sync")) for _ in range(5)].count(True) == 1
     now[0] = 11.0
     owed = f.flush()
-    assert sorted(getattr(r, "repeated") for r in owed) == [4, 999]
+    assert sorted(r.repeated for r in owed) == [4, 999]
     assert f.filter(rec("socket.accept() out of system resource %s"))  # a new interval
 
 

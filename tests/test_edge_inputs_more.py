@@ -25,8 +25,9 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest

@@ -17,11 +17,11 @@ import pwd
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -304,7 +304,7 @@ async def test_mcp_over_http_needs_the_token_and_refuses_bad_names(tmp_path):
 
     home = make_home(tmp_path / "node")
     serve = Serve(home).start()
-    log = open(tmp_path / "mcp.err", "w")
+    log = open(tmp_path / "mcp.err", "w")  # noqa: SIM115 (the MCP process writes it; closed in finally)
     proc = None
     try:
         serve.wait_ready()

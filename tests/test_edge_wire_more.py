@@ -31,7 +31,7 @@ from memmesh.crdt.storage import MemoryStorage
 from memmesh.node import Node
 from memmesh.node.settings import CONFIG_FILE
 from memmesh.node.sync import messages as m
-from memmesh.node.sync.envelope import RequestVerifier, EnvelopeError, sign_request, sign_response
+from memmesh.node.sync.envelope import EnvelopeError, RequestVerifier, sign_request, sign_response
 from memmesh.node.sync.http import HttpTransport, run_exchange, sync_app_routes
 from memmesh.node.sync.protocol import PREFIX, Client, Exchange, SyncError, SyncServer
 from memmesh.node.sync.state import now_ms
@@ -321,7 +321,7 @@ class EndlessThread:
         self.address = ""
         self.runner: web.AppRunner | None = None
 
-    def __enter__(self) -> "EndlessThread":
+    def __enter__(self) -> EndlessThread:
         self.thread.start()
         self.runner, self.address = asyncio.run_coroutine_threadsafe(self.endless.start(), self.loop).result(30)
         return self

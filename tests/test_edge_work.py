@@ -21,7 +21,7 @@ from aiohttp import web
 
 from memmesh.crdt.entry import id_to_raw
 from memmesh.crdt.pending import _Ranking
-from memmesh.node.serve import _access_log
+from memmesh.node.serve_log import access_log as _access_log
 from memmesh.node.sync import http as sync_http
 from memmesh.node.sync import messages as m
 from memmesh.node.sync import protocol
@@ -74,9 +74,9 @@ async def _serve(db, *, run=_direct, backoff: PushBackoff | None = None, budget:
 async def _post(port: int, who, op: str, body: bytes, **header_overrides: str) -> tuple[int, dict]:
     signed = sign_request(who, "POST", protocol.PREFIX + op, body, str(NODE.public), protocol._now_ms())
     headers = {**signed.headers, **header_overrides, "content-type": "application/msgpack"}
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"http://127.0.0.1:{port}{protocol.PREFIX}{op}", data=body, headers=headers) as resp:
-            return resp.status, msgpack.unpackb(await resp.read(), raw=False)
+    async with (aiohttp.ClientSession() as session,
+                session.post(f"http://127.0.0.1:{port}{protocol.PREFIX}{op}", data=body, headers=headers) as resp):
+        return resp.status, msgpack.unpackb(await resp.read(), raw=False)
 
 
 def _worst_bodies(db_raw: bytes) -> dict[str, bytes]:

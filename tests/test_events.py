@@ -33,9 +33,9 @@ from memmesh.node import Node
 from memmesh.node.api.app import build_app
 from memmesh.node.api.live import Live
 from memmesh.node.api_token import read_token
+from memmesh.node.control_server import CommandRunner
 from memmesh.node.events import EVENT_TYPES, DatabaseWatch, EventBus, UnknownEventType
-from memmesh.node.serve import CommandRunner
-from memmesh.node.worker import DbThread
+from memmesh.node.worker import DbThread, Network, OnServeLoop
 
 HANG_GUARD_S = 60.0  # only so that a hang fails: nothing in this file is timed
 
@@ -133,7 +133,7 @@ class Sse:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise asyncio.TimeoutError(f"no event within {timeout} s")
+                raise TimeoutError(f"no event within {timeout} s")
             line = (await asyncio.wait_for(self.resp.content.readline(), left)).decode()
             if line == "":
                 raise EOFError("the stream ended")
@@ -193,10 +193,8 @@ async def live(tmp_path):
     node = _setup(home)
     db = DbThread()
     loop = asyncio.get_running_loop()
-    node.network.loop, node.network.db = loop, db
     bus = EventBus(capacity=64)
     bus.attach(loop)
-    node.network.publish = bus.publish
     watch = DatabaseWatch(node, bus.publish)
     await db.run(watch.start)
     runner = CommandRunner(node, db, {"pid": os.getpid(), "listen": "127.0.0.1:0"})
@@ -204,8 +202,9 @@ async def live(tmp_path):
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     try:
-        async with aiohttp.ClientSession() as session:
-            yield Harness(str(server.make_url("")).rstrip("/"), read_token(home), session, node, db, bus)
+        with node.serving(Network(OnServeLoop(loop, db), events=bus)):
+            async with aiohttp.ClientSession() as session:
+                yield Harness(str(server.make_url("")).rstrip("/"), read_token(home), session, node, db, bus)
     finally:
         bus.close()
         await server.close()

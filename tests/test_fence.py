@@ -16,9 +16,9 @@ from memmesh.node.cli import run_command
 from memmesh.node.fence import WriteFenced, caught_up, read
 from memmesh.node.library import run_in_home
 from memmesh.node.registry import UnknownName
+from tests.homes import agent_with_bank
 from tests.procs import processes, until
 from tests.test_cli import mm_here
-from tests.homes import agent_with_bank
 
 BANK = "notes"
 OTHER_PEER = str(SigningKey.generate().public)  # a peer key this home does not hold

@@ -14,7 +14,14 @@ from memmesh.crdt.yjs import encode_any
 from memmesh.node import Node
 from memmesh.node.commands import ParamsError
 from memmesh.node.history import service
-from memmesh.node.history.record import CHUNKS_STORE, HISTORY_STORE, TEXT_STORE, HistoryInputError, UnknownChunk, turn_value
+from memmesh.node.history.record import (
+    CHUNKS_STORE,
+    HISTORY_STORE,
+    TEXT_STORE,
+    HistoryInputError,
+    UnknownChunk,
+    turn_value,
+)
 from memmesh.node.history.search import search_history
 from memmesh.node.history.state import state_of
 from tests.dbkit import feed

@@ -117,7 +117,7 @@ def test_window_never_exceeds_its_budget_and_falls_in_resolution_with_age(n, len
     levels = [i.level for i in w.items]
     assert levels == sorted(levels, reverse=True)
     spans = [(i.from_seq, i.to_seq) for i in w.items]
-    for (a1, b1), (a2, b2) in zip(spans, spans[1:]):
+    for (_, b1), (a2, _) in zip(spans, spans[1:]):
         assert a2 == b1 + 1
     if w.items:
         assert w.items[-1].to_seq == n

@@ -17,8 +17,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -32,9 +33,9 @@ from memmesh.node.sync.protocol import Client, SyncServer
 from memmesh.node.sync.service import ServedNode
 from memmesh.node.sync.state import Invite
 from memmesh.node.worker import run_here
+from memmesh.tickets import TicketRejected, decode, encode, issue
 from tests.procs import Serve, processes, until
 from tests.test_cli import mm
-from memmesh.tickets import TicketRejected, decode, encode, issue
 
 BANK = "project-notes"
 REACH_S = 15.0
@@ -223,42 +224,41 @@ def test_an_unredeemed_invite_key_is_never_pushed_to(tmp_path):
 async def test_an_invite_redeems_once_and_ends_with_unshare_and_delete(tmp_path):
     home = tmp_path / "a"
     _init(home)
-    with _importer(tmp_path, "b") as b, _importer(tmp_path, "c") as c:
-        with processes() as procs:
-            sa = procs.serve(home, interval=60).start().wait_ready()
-            once = sa.run("memory.share", {"bank": BANK, "perm": "write"}).data
-            before_unshare = sa.run("memory.share", {"bank": BANK, "perm": "read"}).data
-            db_id = once["db"]
-            entries = _entries(sa)
-            imported = await sharing.import_ticket(b, once["ticket"], "write", None, run_here)
-            assert (imported.name, imported.perm, imported.entries) == (BANK, "write", entries + 1)
-            assert _entries(sa) == entries + 1  # the redemption: one settings entry
-            assert _keys(sa)[str(b.peer_key.public)] == "write"
-            # Once: another node is refused and nothing is written there; the spent invite key
-            # reads nothing either.
-            c_dbs = c.storage.databases()
-            with pytest.raises(TicketRejected) as used:
-                await sharing.import_ticket(c, once["ticket"], "write", None, run_here)
-            assert used.value.reason == "ticket.used"
-            _nothing_on(c, db_id, c_dbs)
-            _as_a_random_id(_invite_key(once["ticket"]), sa, db_id)
+    with _importer(tmp_path, "b") as b, _importer(tmp_path, "c") as c, processes() as procs:
+        sa = procs.serve(home, interval=60).start().wait_ready()
+        once = sa.run("memory.share", {"bank": BANK, "perm": "write"}).data
+        before_unshare = sa.run("memory.share", {"bank": BANK, "perm": "read"}).data
+        db_id = once["db"]
+        entries = _entries(sa)
+        imported = await sharing.import_ticket(b, once["ticket"], "write", None, run_here)
+        assert (imported.name, imported.perm, imported.entries) == (BANK, "write", entries + 1)
+        assert _entries(sa) == entries + 1  # the redemption: one settings entry
+        assert _keys(sa)[str(b.peer_key.public)] == "write"
+        # Once: another node is refused and nothing is written there; the spent invite key
+        # reads nothing either.
+        c_dbs = c.storage.databases()
+        with pytest.raises(TicketRejected) as used:
+            await sharing.import_ticket(c, once["ticket"], "write", None, run_here)
+        assert used.value.reason == "ticket.used"
+        _nothing_on(c, db_id, c_dbs)
+        _as_a_random_id(_invite_key(once["ticket"]), sa, db_id)
 
-            # unshare ends every unredeemed invite, for good: sharing again does not revive it.
-            unshared = sa.run("memory.unshare", {"bank": BANK}).data
-            again = sa.run("memory.share", {"bank": BANK, "perm": "read"}).data
-            with pytest.raises(TicketRejected, match="ended this invite when the bank was unshared") as ended:
-                await sharing.import_ticket(c, before_unshare["ticket"], "read", None, run_here)
-            assert ended.value.reason == "ticket.ended"
-            _nothing_on(c, db_id, c_dbs)
-            assert unshared["invites_ended"] == 1
+        # unshare ends every unredeemed invite, for good: sharing again does not revive it.
+        unshared = sa.run("memory.unshare", {"bank": BANK}).data
+        again = sa.run("memory.share", {"bank": BANK, "perm": "read"}).data
+        with pytest.raises(TicketRejected, match="ended this invite when the bank was unshared") as ended:
+            await sharing.import_ticket(c, before_unshare["ticket"], "read", None, run_here)
+        assert ended.value.reason == "ticket.ended"
+        _nothing_on(c, db_id, c_dbs)
+        assert unshared["invites_ended"] == 1
 
-            # delete ends them too (the database stays as an archive: the invite must not open it).
-            sa.run("memory.delete", {"ref": BANK})
-            with pytest.raises(TicketRejected, match="ended this invite when the bank was deleted") as deleted:
-                await sharing.import_ticket(c, again["ticket"], "read", None, run_here)
-            assert deleted.value.reason == "ticket.ended"
-            _nothing_on(c, db_id, c_dbs)
-            assert sa.stop() == 0
+        # delete ends them too (the database stays as an archive: the invite must not open it).
+        sa.run("memory.delete", {"ref": BANK})
+        with pytest.raises(TicketRejected, match="ended this invite when the bank was deleted") as deleted:
+            await sharing.import_ticket(c, again["ticket"], "read", None, run_here)
+        assert deleted.value.reason == "ticket.ended"
+        _nothing_on(c, db_id, c_dbs)
+        assert sa.stop() == 0
 
 
 @pytest.mark.slow

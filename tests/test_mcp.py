@@ -14,8 +14,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 from mcp import Client, ClientSession, StdioServerParameters
@@ -28,14 +29,22 @@ import memmesh.node as node
 from memmesh.node import Node
 from memmesh.node.api_token import read_token
 from memmesh.node.cli import main, run_command
-from memmesh.node.refusal import failure
 from memmesh.node.commands import REGISTRY
 from memmesh.node.commands.mcp import McpNotInstalled
 from memmesh.node.commands.registry import StandaloneCommand
 from memmesh.node.commands.tools import TOOLS
 from memmesh.node.control import SERVE_JSON, read_info, remote
-from memmesh.node.mcp_server import ANNOTATIONS, PROMPT, SERVE_LOG, SPAWN_LOCK, ServeStartError, build_server, \
-    ensure_serve, prepare
+from memmesh.node.mcp_server import (
+    ANNOTATIONS,
+    PROMPT,
+    SERVE_LOG,
+    SPAWN_LOCK,
+    ServeStartError,
+    build_server,
+    ensure_serve,
+    prepare,
+)
+from memmesh.node.refusal import failure
 from tests.procs import CLI, Serve, until
 
 CONFIG = """\
@@ -397,7 +406,7 @@ def test_a_serve_that_cannot_start_is_reported_with_its_log(tmp_path, capsys):
 
 @pytest.mark.slow
 async def test_the_streamable_http_transport_serves_the_same_tools_on_loopback(served, tmp_path):
-    log = open(tmp_path / "http.err", "w")
+    log = open(tmp_path / "http.err", "w")  # noqa: SIM115 (the MCP process writes it; closed at the end)
     proc = subprocess.Popen([*CLI, "--home", str(served.home), "mcp", "--agent", "alpha", "--http",
                              "--listen", "127.0.0.1:0"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=log)

@@ -12,7 +12,6 @@ import json
 import pytest
 
 from memmesh.node.library import Node
-
 from tests.test_cli import mm, mm_here
 
 

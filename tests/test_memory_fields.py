@@ -16,8 +16,8 @@ from memmesh.node.memory.rows import MEMORY_STORE, memory_value, parse_memory
 from memmesh.node.memory.saving import plan_write
 from memmesh.node.memory.timeline import Filters
 from memmesh.node.memory.view import MemoryView
-from tests.homes import recall, remember
 from tests.dbkit import feed, grant, key, new_db, replica, write
+from tests.homes import recall, remember
 
 ADMIN, ALICE, BOB, CAROL = key(1), key(2), key(3), key(4)
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 
 from memmesh.auth.errors import AuthError, MemmeshError
-from memmesh.node import Node
-from memmesh.node import commands
+from memmesh.node import Node, commands
 from memmesh.node.memory.agents import ConfigError
 from memmesh.node.memory.embedders import EmbedderConfig
 

@@ -20,8 +20,8 @@ from memmesh.node.memory.rows import MEMORY_STORE, check_time, memory_value, par
 from memmesh.node.memory.saving import plan_write
 from memmesh.node.memory.timeline import Filters, current_in, held_at
 from memmesh.node.memory.view import MemoryView
-from tests.homes import recall, remember
 from tests.dbkit import feed, grant, key, new_db, replica, write
+from tests.homes import recall, remember
 
 ADMIN, ALICE, BOB = key(1), key(2), key(3)
 NOW = 1_780_000_000_000  # 2026-05-28: every date of the sequence is in the past

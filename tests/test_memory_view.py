@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from memmesh.crdt.database import Database
 from memmesh.crdt.storage import MemoryStorage
-from memmesh.node.memory import view as view_module
+from memmesh.node.memory import view_feed as view_module  # where the view parses the rows it is fed
 from memmesh.node.memory.bm25 import InvertedIndex
 from memmesh.node.memory.rows import (
     MAX_KEY_CHARS,
@@ -741,7 +741,6 @@ def test_tag_check_fast_path_is_as_strict_as_the_rules(tags):
 
 def test_parse_embeddings_gives_parse_embedding_verdicts(caplog):
     from memmesh.crdt.database import RowRecord
-
     from memmesh.node.memory.rows import parse_embeddings
 
     eid = "sha256:" + "b" * 64

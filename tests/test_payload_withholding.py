@@ -257,9 +257,9 @@ def test_replicas_converge_with_payloads_withheld_and_erased(rnd: random.Random)
     for _ in range(3):
         target = _fresh(origin.id)
         delivery = []
-        for entry_id, (header, payloads) in entries.items():
+        for header, payloads in entries.values():
             if rnd.random() < 0.4:  # relayed stripped first, full later (if the origin kept it)
-                delivery.append((header, {k: None for k in payloads}))
+                delivery.append((header, dict.fromkeys(payloads)))
             delivery.append((header, payloads))
         rnd.shuffle(delivery)
         i = 0

@@ -496,7 +496,7 @@ def test_info_bits_table(doc):
             assert (info & mask == mask) == bool(want)
             mutations = [info ^ mask]
         for mutated in mutations:
-            assert {_reason(lambda: _decode(w.update([w.item(info=mutated)])))} == code, (r["bits"], mutated)
+            assert {_reason(lambda mutated=mutated: _decode(w.update([w.item(info=mutated)])))} == code, (r["bits"], mutated)
 
 
 # --------------------------------------------------------------------- 3.3.2 Any values
@@ -525,14 +525,14 @@ def test_any_tags_accepted_and_refused(doc):
     accepted_in_doc = {t for t, r in table.items() if "refused" not in r["decoded as"]}
     accepted = set()
     for tag in range(256):
-        reason = _reason(lambda: decode_any(bytes([tag]) + b"\x00" * 8))
+        reason = _reason(lambda tag=tag: decode_any(bytes([tag]) + b"\x00" * 8))
         if reason != "yjs.any_tag":
             accepted.add(tag)
     assert accepted == accepted_in_doc
     for t, r in table.items():
         if t not in accepted_in_doc:
             assert _codes(r["decoded as"]) == {"yjs.any_tag"}
-            assert _reason(lambda: decode_any(_example(r))) == "yjs.any_tag"
+            assert _reason(lambda r=r: decode_any(_example(r))) == "yjs.any_tag"
     assert "Every other tag byte is refused (`yjs.any_tag`)" in _section(doc, "#### 3.3.2 ")
 
 
@@ -652,7 +652,7 @@ def _entry(*, parents: int = 1, stores: list[str] | None = None, seq: int = 1, t
     key = _key()
     ids = _ids(parents + 2)  # parents, then prev, then db
     return sign_entry(key, db=ids[-1], seq=seq, prev=ids[-2], parents=ids[:parents], ts=ts,
-                      payloads={s: (b"x", clock, clock_len) for s in (stores or [STORE])})
+                      payloads=dict.fromkeys(stores or [STORE], (b"x", clock, clock_len)))
 
 
 def _at_and_over(build: Callable[[int], Any], cap: int) -> str | None:

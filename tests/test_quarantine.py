@@ -23,11 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import memmesh.node.commands.quarantine  # noqa: F401  (registers the commands until node/commands imports it)
 from memmesh.auth.errors import AuthError
 from memmesh.auth.ops import GrantOp
 from memmesh.crdt.database import Database
 from memmesh.crdt.storage import MemoryStorage
-import memmesh.node.commands.quarantine  # noqa: F401  (registers the commands until node/commands imports it)
 from memmesh.node import Node
 from memmesh.node.commands import ParamsError
 from memmesh.node.commands.quarantine import AlreadyReleased, UnknownQuarantine
@@ -270,7 +270,7 @@ def test_iso_times_in_rows_are_read_as_utc_ms():
     db = bank()
     put(db, ROOT, q_row(K[W1], "2026-06-01", "2026-06-01T09:00:00+02:00"))
     [q] = quarantines(db)
-    utc = datetime.timezone.utc
+    utc = datetime.UTC
     assert (q.start, q.end) == (int(datetime.datetime(2026, 6, 1, tzinfo=utc).timestamp() * 1000),
                                 int(datetime.datetime(2026, 6, 1, 7, tzinfo=utc).timestamp() * 1000))
 

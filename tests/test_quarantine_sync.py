@@ -78,7 +78,7 @@ def test_a_quarantine_applied_on_one_serve_hides_the_rows_on_every_replica(tmp_p
         # A quarantines gamma (A does not know gamma by name: by its key)
         qid = sa.run("memory.quarantine", {"bank": BANK, "who": gamma}).data["id"]
         for s in (sb, sc):
-            until(lambda: [q["id"] for q in _quarantines(s)] == [qid], REACH_S, "the quarantine to reach B and C")
+            until(lambda s=s: [q["id"] for q in _quarantines(s)] == [qid], REACH_S, "the quarantine to reach B and C")
         listed = [_quarantines(s)[0] for s in (sa, sb, sc)]
         assert all(q["key"] == gamma and q["active"] and q["hides"]["rows"] == 3 for q in listed)
         assert listed[1]["name"] == "gamma"  # B knows the key's agent
@@ -90,6 +90,6 @@ def test_a_quarantine_applied_on_one_serve_hides_the_rows_on_every_replica(tmp_p
         # A releases it: every replica recalls exactly what it did before
         sa.run("memory.release", {"bank": BANK, "quarantine": qid})
         for s in (sb, sc):
-            until(lambda: not _quarantines(s)[0]["active"], REACH_S, "the release to reach B and C")
+            until(lambda s=s: not _quarantines(s)[0]["active"], REACH_S, "the release to reach B and C")
         after = {(i, q): _recall(s, agent, q) for i, (s, agent) in enumerate(readers) for q in queries}
         assert after == before

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memmesh.node.memory import bm25 as bm25_module
+from memmesh.node.memory import vectors as vectors_module
 from memmesh.node.memory.bm25 import InvertedIndex
 from memmesh.node.memory.fusion import rank_candidates, rrf
 from memmesh.node.memory.tokens import (
@@ -19,7 +20,6 @@ from memmesh.node.memory.tokens import (
     document_text,
     tokenize,
 )
-from memmesh.node.memory import vectors as vectors_module
 from memmesh.node.memory.vectors import VectorIndex
 
 # --------------------------------------------------------------------------- tokens
@@ -301,12 +301,10 @@ def test_bm25_automatic_compaction_keeps_results():
     words = [f"w{i}" for i in range(50)]
     ix = InvertedIndex()
     live = {}
-    next_id = 0
-    for _ in range(3000):
+    for next_id in range(3000):
         toks = rnd.choices(words, k=rnd.randint(1, 6))
         ix.add(next_id, toks)
         live[next_id] = toks
-        next_id += 1
         if len(live) > 200:
             victim = rnd.choice(sorted(live))
             ix.remove(victim)

@@ -25,7 +25,8 @@ import random
 import tracemalloc
 import types
 from collections import Counter
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -413,7 +414,7 @@ def test_pending_area_keeps_no_entry_bytes_in_memory():
         tracemalloc.stop()
     assert sent > n * pad
     records = _check_pending_bounds(db, limits)
-    assert 0 < len(records) and sum(r.size for r in records) > limits.total_bytes // 2
+    assert len(records) > 0 and sum(r.size for r in records) > limits.total_bytes // 2
     # Nothing of the flood is held by the database object itself (the pending area's records
     # are ids, labels and numbers); the storage holds the pending entries, within the bounds.
     assert _bytes_reachable(db._pending, stop=storage) == 0
@@ -507,7 +508,7 @@ def test_equivocation_keeps_two_forks_refuses_a_third_and_bounds_the_tail():
         assert not result.accepted
         reasons.update(_reasons(result))
     kept = _stored_ids(db) - before_ids
-    assert 0 < len(kept) and len(kept) + 2 <= MAX_UNACCEPTED_ENTRIES
+    assert len(kept) > 0 and len(kept) + 2 <= MAX_UNACCEPTED_ENTRIES
     assert kept == {e.id for e in tail[:len(kept)]}
     assert db.refusal(tail[len(kept)].id).reason == "entry.candidate_bound"
     assert reasons["entry.candidate_bound"] == 1
@@ -618,7 +619,7 @@ def test_malformed_entries_are_refused_structurally_whatever_the_standing(standi
 
 
 # ------------------------------------------------------------------ order independence
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _order_scenario() -> tuple[Database, tuple[Item, ...], frozenset[str]]:
     """Every entry of a history with candidates, two forks and malformed forks, plus the
     malformed ones (ids returned) that no replica may store."""

@@ -10,9 +10,17 @@ import pytest
 
 from memmesh.crdt.database import Database
 from memmesh.crdt.storage import MemoryStorage
-from memmesh.node.retention import (
-    DAY_MS, EPISODES_STORE, HISTORY_TEXT_STORE, PolicyError, plan, policy_in_force, policy_value, run)
 from memmesh.node.episodes.methods import method_id, promoted
+from memmesh.node.retention import (
+    DAY_MS,
+    EPISODES_STORE,
+    HISTORY_TEXT_STORE,
+    PolicyError,
+    plan,
+    policy_in_force,
+    policy_value,
+    run,
+)
 from tests.dbkit import feed, grant, key, replica, write
 
 T0 = 1_700_000_000_000

@@ -21,11 +21,15 @@ from memmesh.auth.keys import SigningKey, encode_private
 from memmesh.crdt.entry import raw_to_id
 from memmesh.node.memory import secrets
 from memmesh.node.memory.secrets import (
-    SECRETS_TAG, SecretsInputError, _plugins, _Window, find_secret,
+    SECRETS_TAG,
+    SecretsInputError,
+    _plugins,
+    _Window,
+    find_secret,
     secret_reason,
 )
-from tests.oracles import find_secret_unfiltered
 from memmesh.tickets import encode, issue
+from tests.oracles import find_secret_unfiltered
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Iterator
+from typing import Annotated
 
 import pytest
 from aiohttp import web
@@ -29,13 +30,22 @@ from pydantic import Field
 from memmesh.auth.errors import MemmeshError
 from memmesh.node import Node
 from memmesh.node.cli import main
-from memmesh.node.refusal import failure
 from memmesh.node.commands import ParamsError, UnknownCommand
 from memmesh.node.commands.params import NoParams, Params
 from memmesh.node.commands.registry import Registry
 from memmesh.node.commands.result import Result
-from memmesh.node.control import SERVE_JSON, SERVE_SOCK, ControlClient, RemoteError, _UnixConnection, lock_holder, remote
-from memmesh.node.serve import ControlChannel, LogFormatter
+from memmesh.node.control import (
+    SERVE_JSON,
+    SERVE_SOCK,
+    ControlClient,
+    RemoteError,
+    _UnixConnection,
+    lock_holder,
+    remote,
+)
+from memmesh.node.control_server import ControlChannel
+from memmesh.node.refusal import failure
+from memmesh.node.serve_log import LogFormatter
 from memmesh.node.worker import DbThread
 from tests.test_cli import mm
 
@@ -50,13 +60,13 @@ class Server:
     def __init__(self, home: Path, *extra: str) -> None:
         self.home = home
         self.log_path = home.parent / f"serve-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (serve writes it until stop() closes it)
         self.proc = subprocess.Popen([*CLI, "--home", str(home), "serve", "--listen", "127.0.0.1:0", "--no-discovery",
                                       "--api-listen", "127.0.0.1:0", *extra],
                                      stdout=subprocess.PIPE, stderr=self._log, text=True)
         self.info: dict = {}
 
-    def wait_ready(self) -> "Server":
+    def wait_ready(self) -> Server:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -448,7 +458,7 @@ def test_log_lines_are_one_per_event_as_text_or_json():
     as_json = json.loads(LogFormatter(True).format(record))
     assert as_json["event"] == "control" and as_json["op"] == "recall" and as_json["ms"] == 1.5
     try:
-        1 / 0
+        raise ZeroDivisionError("division by zero")
     except ZeroDivisionError:
         plain = logging.LogRecord("memmesh.sync", logging.WARNING, __file__, 1, "sync of %s failed", ("x",),
                                   sys.exc_info())

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim import SimConfig, SimResult, max_requests_per_exchange, simulate
 from tests.dbkit import state
+from tests.sim import SimConfig, SimResult, max_requests_per_exchange, simulate
 
 
 def _check(r: SimResult, cfg: SimConfig, max_rounds: int) -> None:

@@ -53,7 +53,7 @@ def _copy(src: Node, dst: Node, db_id: str, ids: list[str] | None = None, strip:
     ids = ids if ids is not None else db.missing_for({})
     entries, _n = db.page(ids, 1 << 30)
     if strip:
-        entries = [(h, {store: None for store in p}) for h, p in entries]
+        entries = [(h, dict.fromkeys(p)) for h, p in entries]
     dst.database(db_id).ingest(entries, source=source)
 
 

@@ -15,7 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from memmesh.crdt.errors import DamagedError, StorageError
 from memmesh.crdt.storage import Aside, MemoryStorage, PendingRecord, Storage, StoredEntry
-from memmesh.node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage, _statements
+from memmesh.node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage
+from memmesh.node.storage_schema import statements
 
 try:
     from storage_conformance import StorageConformance, make_entry
@@ -508,7 +509,7 @@ def _write_v1_file(path: Path) -> dict:
     raw = sqlite3.connect(path, isolation_level=None)
     raw.execute("PRAGMA journal_mode=WAL")
     raw.execute("BEGIN")
-    for statement in _statements(_SCHEMA_V1):
+    for statement in statements(_SCHEMA_V1):
         raw.execute(statement)
     raw.execute(f"PRAGMA application_id={APPLICATION_ID}")
     raw.execute("PRAGMA user_version=1")

@@ -240,7 +240,7 @@ class Writer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"writer-{agent}", daemon=True)
 
-    def start(self) -> "Writer":
+    def start(self) -> Writer:
         self._thread.start()
         return self
 
@@ -439,7 +439,7 @@ def test_convergence_under_faults(tmp_path):
             writers[WRITER_NODES.index(victim)].phase = "after revocation"
             time.sleep(rnd.uniform(0.3, 0.8))
             cl.restart(killed)
-            again = rnd.choice([i for i in range(1, N_NODES)])
+            again = rnd.choice(range(1, N_NODES))
             cl.kill(again)
             time.sleep(rnd.uniform(0.3, 0.8))
             cl.restart(again)

@@ -2,6 +2,8 @@
 round trip, pull and push pages, peer exchange, and every way a request can be refused."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -263,10 +265,8 @@ def test_decoding_mutated_messages_only_ever_refuses(data):
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, len(mutated) - 1))
         mutated[i] = data.draw(st.integers(0, 255))
-    try:
+    with contextlib.suppress(m.MessageError):
         m.decode_request("pull", bytes(mutated))
-    except m.MessageError:
-        pass
 
 
 def test_signed_request_vector():

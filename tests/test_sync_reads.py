@@ -107,7 +107,7 @@ def test_erased_payloads_travel_as_erased():
     target = write(db, ALICE, {"key": "secret", "value": "oops"})
     db.erase(ALICE, target, "memory")
     entries, _ = db.page(db.missing_for({}), 1 << 20)
-    carried = {h: p for h, p in entries}
+    carried = dict(entries)
     stored = db.storage.get(db.id, target)
     assert carried[stored.header]["memory"] is None
 

@@ -214,7 +214,7 @@ def test_vector_file_is_current(vectors):
 def test_vector_rejects(vectors):
     assert len(vectors["rejects"]) >= 20
     for r in vectors["rejects"]:
-        assert _reason(lambda: decode(r["text"])) == r["reason"], r["what"]
+        assert _reason(lambda r=r: decode(r["text"])) == r["reason"], r["what"]
 
 
 def _doc_section5() -> str:
@@ -322,7 +322,7 @@ def _flip_all(text: str) -> dict[str, int]:
         for bit in range(8):
             mutated = bytearray(data)
             mutated[i] ^= 1 << bit
-            reason = _reason(lambda: decode(bytes(mutated).decode("latin-1")))
+            reason = _reason(lambda mutated=mutated: decode(bytes(mutated).decode("latin-1")))
             assert reason is not None, (i, bit, bytes(mutated))
             reasons[reason] = reasons.get(reason, 0) + 1
     return reasons
@@ -350,7 +350,7 @@ def test_bit_flips_in_the_secret_fail_the_secret_check():
         for bit in range(8):
             mutated = bytearray(s.encode())
             mutated[i] ^= 1 << bit
-            reason = _reason(lambda: decode(bytes(mutated).decode("latin-1")))
+            reason = _reason(lambda mutated=mutated: decode(bytes(mutated).decode("latin-1")))
             assert reason in {SECRET, FIELD, FORMAT}, (i, bit)
 
 
@@ -440,7 +440,7 @@ def test_wrong_or_missing_secret_refused():
     q = encode(t).partition("#")[0]
     assert decode(q + "#secret=" + b64url_encode(INVITE.seed())) == t
     for seed in (OTHER.seed(), ISSUER.seed(), bytes(32)):
-        assert _reason(lambda: decode(q + "#secret=" + b64url_encode(seed))) == SECRET
+        assert _reason(lambda seed=seed: decode(q + "#secret=" + b64url_encode(seed))) == SECRET
     assert _reason(lambda: replace(t, secret=OTHER.seed())) == SECRET
     assert _reason(lambda: replace(t, secret=INVITE.seed()[:31])) == SECRET
     assert _reason(lambda: decode(q + "#secret=" + b64url_encode(INVITE.seed())[:-1])) == FIELD
@@ -475,7 +475,7 @@ def test_oversized_and_non_ascii_refused():
     assert _reason(lambda: decode(s + "x" * (MAX_TICKET_CHARS - len(s)))) == FIELD  # at the cap: parsed
     assert _reason(lambda: decode("\u00e9" * 10**6)) == SIZE
     for bad in ("\u00e9", "\uff21", "\u0430", "\x00", " ", "\n", "%", "+", "/", "\u200b"):
-        assert _reason(lambda: decode(s.replace("node-a", "node" + bad + "a"))) == FORMAT, repr(bad)
+        assert _reason(lambda bad=bad: decode(s.replace("node-a", "node" + bad + "a"))) == FORMAT, repr(bad)
     with pytest.raises(TicketRejected, match="non-ASCII character at position"):
         decode(s.replace("node-a", "nodé-a"))
     assert _reason(lambda: decode(s.encode())) == FORMAT

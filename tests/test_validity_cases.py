@@ -22,7 +22,6 @@ from memmesh.crdt.validity import (
 from tests.dagbuilder import DagBuilder
 from tests.dbkit import key_str as key
 
-
 R, A, B, C, S, W, X, Y = (key(n) for n in "RABCSWXY")
 
 

@@ -141,7 +141,7 @@ def test_leftovers_of_an_uncommitted_transaction_are_normal():
 def test_frames_of_an_older_generation_are_ignored():
     """The log restarts from the top with new salts and is not truncated: the rest is old."""
     frames = commits(4, every=2) + commits(4, every=2)
-    old = {i: (10, 21) for i in range(4, 8)}
+    old = dict.fromkeys(range(4, 8), (10, 21))
     report = check_wal(build_wal(frames, frame_salts=old, chain_from={4: (1, 2)}))
     assert report == WalReport(frames=8, valid=4, committed=4, problem=None)
 

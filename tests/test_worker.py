@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from memmesh.node.worker import DbThread, Network
+from memmesh.node.worker import DbThread, Network, OnServeLoop
 
 
 def test_runs_in_order_on_one_thread():
@@ -35,8 +35,7 @@ def test_a_command_waiting_for_the_network_does_not_block_the_database_thread():
     t = threading.Thread(target=loop.run_forever, daemon=True)
     t.start()
     db = DbThread()
-    net = Network()
-    net.loop, net.db = loop, db
+    net = Network(OnServeLoop(loop, db))
     other_done = threading.Event()
 
     async def remote_work(run):

@@ -20,8 +20,8 @@ import binascii
 import ipaddress
 import re
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from typing import Iterable
+from datetime import UTC, datetime
+from typing import Iterable  # noqa: UP035  (tickets/ may import typing, not collections: test_tickets_package_is_pure)
 
 import msgpack
 
@@ -94,7 +94,7 @@ def _unb64(text: str, nbytes: int, what: str) -> bytes:
 def _key(text: object, what: str) -> str:
     """A public key in its one spelling ``ed25519:<43 base64url>``, else ticket.field."""
     try:
-        key = PublicKey.parse(text)  # type: ignore[arg-type]
+        key = PublicKey.parse(text)
     except KeyFormatError as exc:
         raise _reject(FIELD, f"{what} must be a public key 'ed25519:<43 base64url characters>': {exc}") from exc
     return str(key)
@@ -269,12 +269,13 @@ class Ticket:
         if self.recipient is not None:
             body["for"] = PublicKey.parse(self.recipient).raw
         else:
-            body["inv"] = PublicKey.parse(self.invite).raw  # type: ignore[arg-type]
+            body["inv"] = PublicKey.parse(self.invite).raw
         body["exp"] = self.expires
         body["iss"] = PublicKey.parse(self.issuer).raw
-        return msgpack.packb(body, use_bin_type=True)
+        packed: bytes = msgpack.packb(body, use_bin_type=True)
+        return packed
 
-    def without_secret(self) -> "Ticket":
+    def without_secret(self) -> Ticket:
         """The same signed ticket without the invite secret (it still decodes, cannot redeem)."""
         return replace(self, secret=None)
 
@@ -388,7 +389,7 @@ def decode(text: object) -> Ticket:
             raise _reject(FORMAT, f"the ticket parameter {name!r} is empty")
         params.append((name, value))
     names = [n for n, _ in params]
-    values = {}
+    values: dict[str, str] = {}
     for n, v in params:
         if n != "pr" and n in values:
             raise _reject(FORMAT, f"the ticket parameter {n!r} appears twice")
@@ -429,7 +430,7 @@ def decode(text: object) -> Ticket:
 
 def _when(seconds: int) -> str:
     try:
-        stamp = datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        stamp = datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     except (OverflowError, OSError, ValueError):
         return f"{seconds} s after the epoch"
     return f"{stamp} ({seconds})"

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from memmesh.node.listen import parse_listen
 from memmesh.node.control import ServeError
+from memmesh.node.listen import OFF, parse_listen
 from memmesh.node.settings import ApiSpec
-
-OFF = "off"
 
 
 def is_loopback(host: str) -> bool:

@@ -15,12 +15,12 @@ the registry before the handler runs, so they change nothing.
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import re
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
@@ -28,23 +28,23 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from memmesh.node.api import errors
 from memmesh.node.api.errors import HttpError, envelope, kind_of
-from memmesh.node.api.openapi import document
 from memmesh.node.api.live import Live, add_live, is_public
 from memmesh.node.api.live import openapi_paths as live_paths
+from memmesh.node.api.openapi import document
 from memmesh.node.api.page import add_page, is_page, openapi_paths
 from memmesh.node.api.routes import OPENAPI_PATH, Route, build_routes
-from memmesh.node.api_token import matches
-from memmesh.node.refusal import failure
 from memmesh.node.commands import REGISTRY
 from memmesh.node.commands.params import MAX_DEPTH, json_nesting, no_json_constant, unique_keys
 from memmesh.node.commands.registry import Registry
 from memmesh.node.commands.result import Result
+from memmesh.node.http_guard import NO_TOKEN, WRONG_TOKEN, bearer_refusal, host_allowed
+from memmesh.node.refusal import failure
+from memmesh.node.validation_text import json_type
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a memory's value is at most a few KiB; nothing needs more
 # No command takes parameters nested more than a few levels (edges, a config value's mapping);
 # 64 is far above that and far below what recursion in the decoder or the validator could hit.
 MAX_JSON_DEPTH = MAX_DEPTH
-LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 Runner = Callable[[str, dict[str, Any]], Awaitable[Result]]
 ROUTES = web.AppKey("routes", list)
 OPS = web.AppKey("ops", dict)  # (method, path template) -> the command's name, for the log
@@ -113,7 +113,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     except RecursionError:  # not reached past the scan above; a last guard, never a 500
         raise _too_deep() from None
     if not isinstance(value, dict):
-        raise HttpError(errors.INVALID_JSON, f"the body must be a JSON object, got {_json_type(value)}")
+        raise HttpError(errors.INVALID_JSON, f"the body must be a JSON object, got {json_type(value)}")
     return value
 
 
@@ -142,11 +142,6 @@ def _why(exc: Exception) -> str:
     return str(exc)
 
 
-def _json_type(value: Any) -> str:
-    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
-            type(None): "null"}.get(type(value), type(value).__name__)
-
-
 # ---------------------------------------------------------------------- middlewares
 @web.middleware
 async def _host(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -167,58 +162,6 @@ async def _host(request: web.Request, handler: Callable[[web.Request], Awaitable
     return await handler(request)
 
 
-def host_allowed(host: str, sockname: Any) -> bool:
-    """Whether a Host header value names the local address ``sockname`` (the socket's own
-    address, a tuple) or a localhost form of it. Any well-formed port passes: a rebinding page
-    is told apart by its host name, never by a port, and a port forward (``ssh -L 9000:...``,
-    a local proxy) puts its own port in the Host header."""
-    if not sockname or not isinstance(sockname, tuple):
-        return False
-    local = str(sockname[0])
-    name, _, given_port = host.strip().lower().rpartition(":")
-    if not name or "]" in given_port:  # no port (or a bare IPv6 literal)
-        name, given_port = host.strip().lower(), "80"
-    if not given_port.isascii() or not given_port.isdigit() or not 0 < int(given_port) < 65536:
-        return False
-    if name in LOCAL_HOSTS or name == "localhost.":  # the root-anchored name is localhost too (RFC 6761)
-        return True
-    # An address literal in any spelling ([0:0:0:0:0:0:0:1], [::ffff:127.0.0.1]) of the listen
-    # address or of loopback: a page reaches a literal only by naming it, so no rebinding
-    # stands behind one.
-    given_ip = _host_address(name)
-    if given_ip is None:
-        return False
-    try:
-        local_ip = _plain(ipaddress.ip_address(local))
-    except ValueError:  # not an address the socket could have; nothing then names it
-        local_ip = None
-    return given_ip in _LOOPBACK_IPS or given_ip == local_ip
-
-
-_LOOPBACK_IPS = frozenset({ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")})
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-def _host_address(name: str) -> Address | None:
-    """The address a Host literal names (IPv6 only in brackets, without a zone id); None for a
-    host name or anything ipaddress does not read (127.1, 2130706433, leading zeros)."""
-    bracketed = name.startswith("[") and name.endswith("]")
-    if ":" in name and not bracketed:
-        return None
-    try:
-        ip = ipaddress.ip_address(name[1:-1] if bracketed else name)
-    except ValueError:
-        return None
-    if bracketed != isinstance(ip, ipaddress.IPv6Address) or getattr(ip, "scope_id", None):
-        return None
-    return _plain(ip)
-
-
-def _plain(ip: Address) -> Address:
-    """IPv4-mapped IPv6 (::ffff:127.0.0.1) as the IPv4 address it is."""
-    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
-
-
 def _bearer(token: str) -> Any:
     @web.middleware
     async def bearer(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -229,12 +172,12 @@ def _bearer(token: str) -> Any:
             return await handler(request)  # static files, no secret: the page asks for the token
         if is_public(request.method, request.path):
             return await handler(request)  # liveness: a supervisor checks it without the token
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
+        refused = bearer_refusal(request.headers.get("Authorization", ""), token)
+        if refused == NO_TOKEN:
             raise HttpError(errors.UNAUTHORIZED, "this API needs the node's token: send Authorization: Bearer "
                                                  "<the content of HOME/api.token>",
                             {"WWW-Authenticate": 'Bearer realm="memmesh"'})
-        if not matches(given.strip(), token):
+        if refused == WRONG_TOKEN:
             raise HttpError(errors.UNAUTHORIZED, "the bearer token is not this node's (it is in HOME/api.token)",
                             {"WWW-Authenticate": 'Bearer realm="memmesh", error="invalid_token"'})
         return await handler(request)

@@ -12,11 +12,13 @@ run, which the hello's ``run`` tells; a ``since`` above the run's last id is ref
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -33,7 +35,6 @@ LIVE_ROUTES = frozenset({("GET", EVENTS_PATH), ("GET", METRICS_PATH), ("GET", HE
 KEEPALIVE_S = 15.0
 EVENTS_PER_WRITE = 256
 _ID = re.compile(r"^[0-9]{1,18}$")
-LIVE = web.AppKey("live", object)
 
 
 @dataclass
@@ -44,6 +45,9 @@ class Live:
     node_key: str = ""
     started: float = field(default_factory=time.monotonic)
     keepalive_s: float = KEEPALIVE_S
+
+
+LIVE = web.AppKey("live", Live)
 
 
 def is_public(method: str, path: str) -> bool:
@@ -151,10 +155,8 @@ async def _events(request: web.Request) -> web.StreamResponse:
                     await resp.write(b": keepalive\n\n")
         except (ConnectionError, RuntimeError):  # the client left (or serve is closing its transport)
             return resp
-    try:
+    with contextlib.suppress(ConnectionError, RuntimeError):
         await resp.write_eof()
-    except (ConnectionError, RuntimeError):
-        pass
     return resp
 
 

@@ -11,7 +11,8 @@ Metric names (docs/api.md, "Events, metrics and health"): see ``render``.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from memmesh.node.events import source_of
 

@@ -50,9 +50,10 @@ def _files() -> dict[str, tuple[bytes, str]]:
 
 
 def _answer(app: web.Application, name: str) -> web.Response:
-    found = app[FILES].get(name)
+    files: dict[str, Any] = app[FILES]
+    found = files.get(name)
     if found is None:
-        raise HttpError(errors.NOT_FOUND, f"the page has no file {name!r} (it has {', '.join(sorted(app[FILES]))})")
+        raise HttpError(errors.NOT_FOUND, f"the page has no file {name!r} (it has {', '.join(sorted(files))})")
     body, content_type = found
     return web.Response(body=body, content_type=content_type,
                         charset="utf-8" if content_type.startswith("text/") else None, headers=HEADERS)

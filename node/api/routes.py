@@ -1,36 +1,37 @@
 """The API's routes, derived from the command registry when the app is built.
 
-The rule (docs/api.md), so a new command gets its route and OpenAPI entry with no code here:
+Each command declares its route (``Command.http``, node/commands/registry.py), so a new command
+gets its route and OpenAPI entry with no code here. The rule it follows unless it declares
+another (docs/api.md):
 
-* What an agent does in a conversation goes under ``/v1/agents/{agent}/``: each tool of
-  node/commands/tools.TOOLS is ``POST /v1/agents/{agent}/tools/<tool>`` (the body is the tool's
-  arguments), ``autorecall`` is ``POST /v1/agents/{agent}/autorecall`` and the chat line
+* What an agent does in a conversation goes under ``/v1/agents/{agent}/``: each tool of the
+  catalogue (node/catalogue.py) is ``POST /v1/agents/{agent}/tools/<tool>`` (the body is the
+  tool's arguments), ``autorecall`` is ``POST /v1/agents/{agent}/autorecall`` and the chat line
   ``command`` is ``POST /v1/agents/{agent}/command`` (the body is the rest of the parameters).
 * Every other command is ``/v1/<name with . as />``: ``GET`` when it is marked read-only and
   takes no parameters (status, peers, memory.list, ...), ``POST`` with a JSON body otherwise.
-* Not routed: ``serve`` and ``init`` (serve is what runs; the home exists), the operator
-  shortcuts ``remember`` and ``recall`` (the tool routes are the one way), and standalone
-  commands (transports of their own, such as ``mcp``).
+* Not routed (no route declared): ``serve`` and ``init`` (serve is what runs; the home exists),
+  the operator shortcuts ``remember`` and ``recall`` (the tool routes are the one way), and
+  standalone commands (transports of their own, such as ``mcp``).
 
 A path value goes into the parameters; a body that names the same parameter with another
-value is refused.
+value is refused. A path parameter ``{tool}`` stands for each tool: one route per tool, whose
+body is that tool's arguments.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from memmesh.node.commands import REGISTRY
 from memmesh.node.commands.params import Params, ParamsError
-from memmesh.node.commands.registry import Command, Registry
+from memmesh.node.commands.registry import API_PREFIX, Command, Registry
 from memmesh.node.commands.tools import TOOLS
 
-PREFIX = "/v1"
+PREFIX = API_PREFIX
 OPENAPI_PATH = f"{PREFIX}/openapi.json"
-NOT_ROUTED = frozenset({"serve", "init", "remember", "recall"})
-# Commands an agent runs in a conversation: their path under /v1/agents/{agent}/.
-AGENT_PATHS = {"autorecall": "autorecall", "command": "command"}
-TOOL_COMMAND = "tool"
+TOOL = "{tool}"  # the path parameter that stands for each tool: one route per tool
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,15 @@ class Route:
         return params
 
 
-def build_routes(registry: Registry = REGISTRY) -> list[Route]:
+def build_routes(registry: Registry | None = None) -> list[Route]:
+    if registry is None:
+        from memmesh.node.commands import load
+
+        registry = load()
     routes: list[Route] = []
     for cmd in registry:
-        if cmd.name in NOT_ROUTED or getattr(cmd, "standalone", False):
-            continue
-        routes.extend(_routes_of(cmd))
+        if cmd.http is not None:
+            routes.extend(_routes_of(cmd, *cmd.http))
     seen: set[tuple[str, str]] = set()
     for r in routes:
         if (r.method, r.path) in seen or r.path == OPENAPI_PATH:
@@ -74,22 +78,15 @@ def build_routes(registry: Registry = REGISTRY) -> list[Route]:
     return routes
 
 
-def _routes_of(cmd: Command) -> Iterable[Route]:
-    agent_base = f"{PREFIX}/agents/{{agent}}"
-    if cmd.name == TOOL_COMMAND:
+def _routes_of(cmd: Command, method: str, path: str) -> Iterable[Route]:
+    path_params = tuple(p for p in re.findall(r"\{(\w+)\}", path) if p != TOOL[1:-1])
+    if TOOL in path:
         for name, tool in TOOLS.items():
-            yield Route("POST", f"{agent_base}/tools/{name}", cmd, tool.args, ("agent",), {"tool": name}, "args",
+            yield Route(method, path.replace(TOOL, name), cmd, tool.args, path_params, {"tool": name}, "args",
                         f"tool_{name}", tool.description)
         return
-    if cmd.name in AGENT_PATHS:
-        yield Route("POST", f"{agent_base}/{AGENT_PATHS[cmd.name]}", cmd, cmd.params, ("agent",),
-                    operation_id=_operation_id(cmd.name), summary=cmd.help)
-        return
-    path = f"{PREFIX}/{cmd.name.replace('.', '/')}"
-    if getattr(cmd, "read_only", False) and not cmd.params.model_fields:
-        yield Route("GET", path, cmd, None, operation_id=_operation_id(cmd.name), summary=cmd.help)
-    else:
-        yield Route("POST", path, cmd, cmd.params, operation_id=_operation_id(cmd.name), summary=cmd.help)
+    body = None if method == "GET" else cmd.params
+    yield Route(method, path, cmd, body, path_params, operation_id=_operation_id(cmd.name), summary=cmd.help)
 
 
 def _operation_id(name: str) -> str:

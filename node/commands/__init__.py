@@ -8,52 +8,58 @@ For Python callers each command is also a function of this module, named after t
 with ``_`` for ``.`` and taking the parameters in the model's field order:
 ``commands.memory_grant(node, "notes", "alpha", "write")`` runs ``memory.grant``. It goes
 through the same ``REGISTRY.run``.
+
+The handler modules are imported on first use of ``REGISTRY`` (or of a command function), not
+when this package is: they import pydantic, numpy and the node, and a light module of this
+package (the CLI's description, node/commands/cli_table.py) must be importable without them,
+so that `memmesh --help` and a command sent to a running serve answer at once.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
-
-# Importing a handler module registers its commands; this order is the CLI's help order.
-# One module a line, so that adding one is a one-line change.
-from memmesh.node.commands import node_status  # noqa: F401
-from memmesh.node.commands import agents  # noqa: F401
-from memmesh.node.commands import tools  # noqa: F401
-from memmesh.node.commands import embedder  # noqa: F401
-from memmesh.node.commands import banks  # noqa: F401
-from memmesh.node.commands import config  # noqa: F401
-from memmesh.node.commands import settings  # noqa: F401
-from memmesh.node.commands import reindex  # noqa: F401
-from memmesh.node.commands import usage  # noqa: F401
-from memmesh.node.commands import audit  # noqa: F401
-from memmesh.node.commands import sync  # noqa: F401
-from memmesh.node.commands import chat  # noqa: F401
-from memmesh.node.commands import backup  # noqa: F401
-from memmesh.node.commands import check  # noqa: F401
-from memmesh.node.commands import fence  # noqa: F401
-from memmesh.node.commands import serving  # noqa: F401  (memmesh serve; its handler imports node/serve.py lazily)
-from memmesh.node.commands import mcp  # noqa: F401
-from memmesh.node.commands import quarantine  # noqa: F401
-from memmesh.node.commands import recall_status  # noqa: F401
-from memmesh.node.commands import retention  # noqa: F401
-from memmesh.node.commands import episodes  # noqa: F401
-from memmesh.node.commands import history  # noqa: F401
-from memmesh.node.commands.params import Params, ParamsError
-from memmesh.node.commands.registry import REGISTRY, Command, EventSink, UnknownCommand, progress_sink
-from memmesh.node.commands.result import Result, json_text
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from memmesh.node.commands.params import Params, ParamsError
+    from memmesh.node.commands.registry import REGISTRY, Command, EventSink, Registry, UnknownCommand, progress_sink
+    from memmesh.node.commands.result import Result, json_text
     from memmesh.node.library import Node
 
-__all__ = ["REGISTRY", "Command", "EventSink", "Params", "ParamsError", "Result", "UnknownCommand",
-           "json_text", "progress_sink"]
+# Importing a handler module registers its commands; this order is the CLI's help order.
+HANDLER_MODULES = (
+    "node_status", "agents", "tools", "embedder", "banks", "config", "settings", "reindex", "usage", "audit",
+    "sync", "chat", "backup", "check", "fence", "serving", "mcp", "quarantine", "recall_status", "retention",
+    "episodes", "history",
+)
 
-_FUNCTIONS = {cmd.name.replace(".", "_").replace("-", "_"): cmd for cmd in REGISTRY}
+__all__ = ["HANDLER_MODULES", "REGISTRY", "Command", "EventSink", "Params", "ParamsError", "Result",
+           "UnknownCommand", "json_text", "load", "progress_sink"]
+
+# Names of this package that live in a submodule, imported when first asked for.
+_NAMES = {
+    "Params": "params", "ParamsError": "params",
+    "Command": "registry", "EventSink": "registry", "UnknownCommand": "registry", "progress_sink": "registry",
+    "Result": "result", "json_text": "result",
+}
+
+
+def load() -> Registry:
+    """The registry with every command registered: the handler modules imported, in order."""
+    for name in HANDLER_MODULES:
+        importlib.import_module(f"{__name__}.{name}")
+    from memmesh.node.commands.registry import REGISTRY as registry
+
+    return registry
 
 
 def _function(cmd: Command) -> Callable[..., Result]:
+    from memmesh.node.commands.params import ParamsError
+    from memmesh.node.commands.registry import REGISTRY, progress_sink
+
     fields = list(cmd.params.model_fields)
 
-    def run(node: "Node", *args: Any, events: EventSink | None = None,
+    def run(node: Node, *args: Any, events: EventSink | None = None,
             progress: Callable[[int, int], None] | None = None, **params: Any) -> Result:
         if len(args) > len(fields):
             raise ParamsError(f"{cmd.name} takes at most {len(fields)} parameters ({', '.join(fields)})")
@@ -67,12 +73,24 @@ def _function(cmd: Command) -> Callable[..., Result]:
     return run
 
 
-def __getattr__(name: str) -> Callable[..., Result]:
-    cmd = _FUNCTIONS.get(name)
+def _functions() -> dict[str, Command]:
+    return {cmd.name.replace(".", "_").replace("-", "_"): cmd for cmd in load()}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "REGISTRY":
+        return load()
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    if name.startswith("__"):
+        raise AttributeError(name)
+    cmd = _functions().get(name)
+    if cmd is None and name in globals():  # a handler module, imported by load() just now
+        return globals()[name]
     if cmd is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return _function(cmd)
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_FUNCTIONS])
+    return sorted([*globals(), *_NAMES, "REGISTRY", *_functions()])

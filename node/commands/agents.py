@@ -1,7 +1,7 @@
 """Agents: agent.new, agent.list."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
@@ -20,7 +20,7 @@ class AgentNew(Params):
 
 
 @command("agent.new", AgentNew, "create an agent with its own key and database")
-def agent_new(node: "Node", p: AgentNew) -> Result:
+def agent_new(node: Node, p: AgentNew) -> Result:
     agent = node.agents.create_agent(p.name)
     data = {"name": agent.name, "id": agent.db.id, "key": str(agent.key.public)}
     return Result(data, f"agent {agent.name} created\n  database {agent.db.id}\n  key {agent.key.public}")
@@ -31,11 +31,11 @@ ALL_SESSIONS = "*"  # the key of banks attached for every session, in ``attached
 
 @command("agent.list", NoParams, "list the agents of this node, their attached banks and auto-recall config",
          read_only=True)
-def agent_list(node: "Node", p: NoParams) -> Result:
+def agent_list(node: Node, p: NoParams) -> Result:
     from memmesh.node.memory.agents import agent_state
     from memmesh.node.settings import memory_defaults
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     defaults = memory_defaults(node)
     for r in node.agents.agents():
         state = agent_state(node.database(r.db_id), defaults)
@@ -45,12 +45,12 @@ def agent_list(node: "Node", p: NoParams) -> Result:
         rows.append({"name": r.name, "id": r.db_id, "key": str(node.load_key(r.key_name).public),
                      "attached": attached, "config": dict(state.config)})
     lines = []
-    for r in rows:
-        c = r["config"]
+    for row in rows:
+        c = row["config"]
         recall = (f"auto-recall on, {c['max_entries']} per store" if c["auto_recall_enabled"] else "auto-recall off")
         if c.get("auto_recall_banks"):
             recall += f", banks {', '.join(c['auto_recall_banks'])}"
         banks = "; ".join(f"{'every session' if s == ALL_SESSIONS else 'session ' + s}: {', '.join(names)}"
-                          for s, names in r["attached"].items()) or "no bank attached"
-        lines.append(f"{r['name']:<20} {r['id']}\n    {recall}; {banks}")
+                          for s, names in row["attached"].items()) or "no bank attached"
+        lines.append(f"{row['name']:<20} {row['id']}\n    {recall}; {banks}")
     return Result({"agents": rows}, "\n".join(lines) or "no agents yet (memmesh agent new NAME)")

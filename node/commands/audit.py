@@ -31,7 +31,7 @@ def knows(db: Database, entry_id: str) -> bool:
 
 
 @command("explain", Explain, "explain why an entry was accepted or refused")
-def explain(node: "Node", p: Explain) -> Result:
+def explain(node: Node, p: Explain) -> Result:
     if p.bank is not None:
         ref = node.agents.resolve(p.bank)
         if not knows(ref.db, p.entry_id):
@@ -39,9 +39,10 @@ def explain(node: "Node", p: Explain) -> Result:
                                "without --bank every database of this node is asked")
         db = ref.db
     else:
-        db = next((d for d in map(node.database, node.database_ids()) if knows(d, p.entry_id)), None)
-        if db is None:
+        found = next((d for d in map(node.database, node.database_ids()) if knows(d, p.entry_id)), None)
+        if found is None:
             raise UnknownEntry(f"{p.entry_id} is not known to any database of this node")
+        db = found
     text = db.explain(p.entry_id)
     name = node.agents.name_of(db.id)
     return Result({"entry": p.entry_id, "database": db.id, "name": name, "explanation": text},

@@ -25,8 +25,9 @@ import shutil
 import sqlite3
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Iterator
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, field_validator
 
@@ -90,7 +91,7 @@ class Restore(Params):
 
 
 @command("backup", Backup, "copy the whole home (storage, keys, config) to a new directory, consistently")
-def backup(node: "Node", p: Backup) -> Result:
+def backup(node: Node, p: Backup) -> Result:
     dest = Path(p.dest)
     home = Path(node.home).absolute()
     if dest.absolute() == home or home in dest.absolute().parents:
@@ -318,16 +319,16 @@ def _fence(storage: Storage, peer_key: str, own: set[str]) -> list[str]:
 
     sync = SyncState(storage, peer_key)
     registry = Registry(storage)
-    names = {r.db_id: r.name for r in [*registry.agents(), *registry.banks()]}
+    names = {r.db_id: r.name for r in registry.agents()} | {r.db_id: r.name for r in registry.banks()}
     t = now_ms()
     new = []
     for db_id in storage.databases():
         db: Database | None = None
         if not (sync.is_shared(db_id) or sync.peers.peers(db_id) or sync.links(db_id)):
-            try:  # only then is the log read: its settings say whether a key of another node is granted
+            # Only then is the log read: its settings say whether a key of another node is granted.
+            # Unreadable: fenced, to be safe (memmesh check says what is wrong with it).
+            with contextlib.suppress(MemmeshError):
                 db = Database.open(storage, db_id)
-            except MemmeshError:
-                pass  # unreadable: fenced, to be safe (memmesh check says what is wrong with it)
         if fence.held_elsewhere(sync, db_id, db, own):
             new.append(fence.Fence(db_id, fence.RESTORE, t, sorted(own)))
     fence.set_many(storage, new)

@@ -26,14 +26,14 @@ class MemoryNew(Params):
 
 
 @command("memory.new", MemoryNew, "create a bank")
-def memory_new(node: "Node", p: MemoryNew) -> Result:
+def memory_new(node: Node, p: MemoryNew) -> Result:
     bank = node.agents.create_bank(p.name, p.description)
     return Result({"name": p.name, "id": bank.db.id, "description": p.description},
                   f"bank {p.name} created\n  database {bank.db.id}")
 
 
 @command("memory.list", NoParams, "list banks", read_only=True)
-def memory_list(node: "Node", p: NoParams) -> Result:
+def memory_list(node: Node, p: NoParams) -> Result:
     rows = []
     for rec in node.registry.banks():
         db = node.database(rec.db_id)
@@ -55,7 +55,7 @@ class MemoryDelete(Params):
 
 
 @command("memory.delete", MemoryDelete, "unregister a bank (its data is kept as an archive)")
-def memory_delete(node: "Node", p: MemoryDelete) -> Result:
+def memory_delete(node: Node, p: MemoryDelete) -> Result:
     from memmesh.node.sync.sharing import end_invites  # an invite of a deleted bank must never import it
     # Invites end first: should that fail, the bank is still registered and the command can be
     # run again (the other way round, a retry would find no bank and the invites would live on).
@@ -80,14 +80,14 @@ class MemoryGrant(MemoryRevoke):
     perm: Annotated[Literal["read", "write"], Cli(positional=True), Field(description="what the key may do")]
 
 
-def _who_data(ref: "Bank", who: Grantee) -> dict[str, Any]:
+def _who_data(ref: Bank, who: Grantee) -> dict[str, Any]:
     return {"bank": ref.name, "id": ref.db.id, "agent": who.agent.name if who.agent else None,
             "key": who.key, "label": who.shown}
 
 
 @command("memory.grant", MemoryGrant, "let a key (a local agent, a peer, any key) read or write a bank "
                                       "(or another agent's database)")
-def memory_grant(node: "Node", p: MemoryGrant) -> Result:
+def memory_grant(node: Node, p: MemoryGrant) -> Result:
     ref = node.agents.resolve(p.bank)
     who = grantee(node, ref, p.agent)
     if node.sync.invite(who.key) is not None:
@@ -108,7 +108,7 @@ def memory_grant(node: "Node", p: MemoryGrant) -> Result:
 
 
 @command("memory.revoke", MemoryRevoke, "revoke a key's access to a bank (a local agent, a peer, an invite, any key)")
-def memory_revoke(node: "Node", p: MemoryRevoke) -> Result:
+def memory_revoke(node: Node, p: MemoryRevoke) -> Result:
     ref = node.agents.resolve(p.bank)
     who = grantee(node, ref, p.agent)
     invite = node.sync.invite(who.key)
@@ -145,7 +145,7 @@ class MemoryGrants(Params):
 
 @command("memory.grants", MemoryGrants, "every key a bank's settings hold: permission, status, who granted it, "
                                         "what it is, and the label grant and revoke take", read_only=True)
-def memory_grants(node: "Node", p: MemoryGrants) -> Result:
+def memory_grants(node: Node, p: MemoryGrants) -> Result:
     ref = node.agents.resolve(p.bank)
     rows = Directory(node, ref).holders()
     lines = [f"{ref.name} ({ref.db.id}): {len(rows)} key{'s' if len(rows) != 1 else ''}"]
@@ -169,7 +169,7 @@ class MemoryAttach(Params):
     session: Annotated[str | None, Field(description="only in this session; default: every session")] = None
 
 
-def _attach(node: "Node", p: MemoryAttach, attach: bool) -> Result:
+def _attach(node: Node, p: MemoryAttach, attach: bool) -> Result:
     ag = node.agents.agent(p.agent)
     ref = node.agents.resolve(p.bank)
     node.agents.write_config(ag, {"attach" if attach else "detach": ref.db.id, "session": p.session})
@@ -179,11 +179,13 @@ def _attach(node: "Node", p: MemoryAttach, attach: bool) -> Result:
                   f"{ref.name} {verb} {ag.name} ({where})")
 
 
-@command("memory.attach", MemoryAttach, "attach a bank for an agent's auto-recall")
-def memory_attach(node: "Node", p: MemoryAttach) -> Result:
+# A chat line comes from one agent's session: attach and detach act for that agent in that session
+# (grant and revoke name the agent they act on in the text: it is rarely the caller).
+@command("memory.attach", MemoryAttach, "attach a bank for an agent's auto-recall", from_caller=("agent", "session"))
+def memory_attach(node: Node, p: MemoryAttach) -> Result:
     return _attach(node, p, attach=True)
 
 
-@command("memory.detach", MemoryAttach, "detach a bank for an agent's auto-recall")
-def memory_detach(node: "Node", p: MemoryAttach) -> Result:
+@command("memory.detach", MemoryAttach, "detach a bank for an agent's auto-recall", from_caller=("agent", "session"))
+def memory_detach(node: Node, p: MemoryAttach) -> Result:
     return _attach(node, p, attach=False)

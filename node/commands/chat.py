@@ -1,10 +1,11 @@
-"""command: run one `/memory ...` chat command line for an agent's session (node/chat.py parses it)."""
+"""command: run one `/memory ...` chat command line for an agent's session (chat_grammar.py parses it)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
+from memmesh.node.commands import chat_grammar
 from memmesh.node.commands.params import Cli, Params
 from memmesh.node.commands.registry import REGISTRY, EventSink, command
 from memmesh.node.commands.result import Result
@@ -30,16 +31,13 @@ class ChatCommand(Params):
         description="the caller's session: attach and detach apply to it (default: every session)")] = None
 
 
-@command("command", ChatCommand, "run a /memory chat command line for an agent's session")
-def run_line(node: "Node", p: ChatCommand, *, events: EventSink) -> Result:
-    # Imported here: node/chat.py derives its grammar from the CLI's helpers, which import
-    # this package, still being initialised while its handler modules register.
-    from memmesh.node import chat
-
-    name, params = chat.parse(p.line, agent=p.agent, session=p.session)
+@command("command", ChatCommand, "run a /memory chat command line for an agent's session",
+         http=("POST", "/v1/agents/{agent}/command"))
+def run_line(node: Node, p: ChatCommand, *, events: EventSink) -> Result:
+    name, params = chat_grammar.parse(p.line, agent=p.agent, session=p.session)
     node.agents.agent(p.agent)  # a line from an agent this node does not have is refused
     if name is None:
-        data, text = chat.help_text(params["topic"])
+        data, text = chat_grammar.help_text(params["topic"])
         return Result(data, text)
-    chat.check(name, params)
-    return REGISTRY.run(node, name, params, events=events)
+    parsed = chat_grammar.check(name, params)  # the one validation: the chat wording, the usage line
+    return REGISTRY.execute(node, REGISTRY.get(name), parsed, events)

@@ -31,7 +31,7 @@ class Check(Params):
 
 @command("check", Check, "verify the home: storage file, every entry's id, payloads and signature, derived state, "
          "keys (exit 1 on damage); --repair heals it from peers", opens_itself=True)
-def check(target: "Node | Path", p: Check, *, events: EventSink) -> Result:
+def check(target: Node | Path, p: Check, *, events: EventSink) -> Result:
     """Events: ``{"event": "progress", "bank": "check NAME", "done": n, "total": m, "unit": "entry"}``
     per batch of entries verified."""
     from memmesh.node.integrity import CheckRefused, check_home, check_open

@@ -27,14 +27,15 @@ class MemoryConfig(AgentParams):
         description="with set: the new value (auto_recall_banks: bank names or ids, comma-separated)")] = None
 
     @model_validator(mode="after")
-    def _set_needs_key_and_value(self) -> "MemoryConfig":
+    def _set_needs_key_and_value(self) -> MemoryConfig:
         if self.action == "set" and (self.key is None or self.value is None):
             raise ValueError("set needs a key and a value")
         return self
 
 
-@command("memory.config", MemoryConfig, "show, set or reset an agent's memory config")
-def memory_config(node: "Node", p: MemoryConfig) -> Result:
+# A chat line's caller is the agent whose config it shows or changes.
+@command("memory.config", MemoryConfig, "show, set or reset an agent's memory config", from_caller=("agent",))
+def memory_config(node: Node, p: MemoryConfig) -> Result:
     ag = node.agents.agent(p.agent)
     if p.action == "set":
         assert p.key is not None  # the model's rule

@@ -33,7 +33,7 @@ class EmbedderSet(Params):
 
 
 @command("embedder.set", EmbedderSet, "set the node's embedder")
-def embedder_set(node: "Node", p: EmbedderSet) -> Result:
+def embedder_set(node: Node, p: EmbedderSet) -> Result:
     cfg = EmbedderConfig(p.provider, model=p.model, api_base=p.api_base,
                          timeout_s=p.timeout_s if p.timeout_s is not None else 10.0, dim=p.dim)
     api_key = p.api_key.get_secret_value() if p.api_key is not None else None
@@ -47,7 +47,7 @@ def embedder_set(node: "Node", p: EmbedderSet) -> Result:
 
 
 @command("embedder.show", NoParams, "show the node's embedder", read_only=True)
-def embedder_show(node: "Node", p: NoParams) -> Result:
+def embedder_show(node: Node, p: NoParams) -> Result:
     cfg = node.embedder_config()
     embedder = node.memory.embedder
     data = {"provider": cfg.provider, "model": embedder.model if embedder else cfg.model,

@@ -157,7 +157,7 @@ class PlanContext(AgentParams):
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _names(node: "Node") -> dict[str, str]:
+def _names(node: Node) -> dict[str, str]:
     """Public key -> the agent name this node knows it by."""
     return {str(node.load_key(r.key_name).public): r.name for r in node.agents.agents()}
 
@@ -166,7 +166,7 @@ def _who(key: str, names: dict[str, str]) -> str:
     return f"{names[key]} ({key})" if key in names else key
 
 
-def _signer(node: "Node", agent: "Agent", other: str | None, needed: str) -> SigningKey:
+def _signer(node: Node, agent: Agent, other: str | None, needed: str) -> SigningKey:
     """The key that signs: the agent's own, or ``--as``'s; refused unless it holds ``needed`` on the
     agent's database now (the database would refuse it anyway, in less helpful words)."""
     key = agent.key if other is None else node.agents.agent(other).key
@@ -191,7 +191,7 @@ def _episode_dict(ep: Episode, qs: list, given: dict[str, list], names: dict[str
 
 def _method_dict(m: Method, names: dict[str, str]) -> dict[str, Any]:
     d = m.to_dict()
-    if d["promotion"] is not None:
+    if m.promotion is not None:
         d["promotion"] = {**d["promotion"], "by_name": names.get(m.promotion.by), "time": iso_utc(m.promotion.ts)}
     return d
 
@@ -211,7 +211,7 @@ def _n(n: int, one: str, many: str) -> str:
 # ---------------------------------------------------------------------------------- commands
 @command("episode.add", EpisodeAdd, "record a task episode: the tools that ran in order, how each step ended, "
          "the outcome and what decided it")
-def episode_add(node: "Node", p: EpisodeAdd) -> Result:
+def episode_add(node: Node, p: EpisodeAdd) -> Result:
     agent = node.agents.agent(p.agent)
     value = episode_value(p.kind, [s.model_dump(exclude_none=True) for s in p.steps], p.outcome, p.checked_by,
                           p.summary)
@@ -232,7 +232,7 @@ def episode_add(node: "Node", p: EpisodeAdd) -> Result:
 
 @command("episode.verdict", EpisodeVerdict, "give a verdict on an episode (yes, no, unsure): kept beside the tools' "
          "result, signed by whoever gives it")
-def episode_verdict(node: "Node", p: EpisodeVerdict) -> Result:
+def episode_verdict(node: Node, p: EpisodeVerdict) -> Result:
     agent = node.agents.agent(p.agent)
     value = verdict_value(p.episode, p.verdict, p.reason)
     ep = next((e for e in episodes(agent.db) if e.id == p.episode), None)
@@ -253,7 +253,7 @@ def episode_verdict(node: "Node", p: EpisodeVerdict) -> Result:
 
 @command("episode.list", EpisodeList, "list an agent's task episodes with their verdicts and who gave them",
          read_only=True)
-def episode_list(node: "Node", p: EpisodeList) -> Result:
+def episode_list(node: Node, p: EpisodeList) -> Result:
     agent = node.agents.agent(p.agent)
     eps = [e for e in episodes(agent.db) if p.kind is None or e.kind == p.kind][-p.limit:]
     qs = quarantines(agent.db)
@@ -272,13 +272,13 @@ def episode_list(node: "Node", p: EpisodeList) -> Result:
     return Result({"agent": agent.name, "episodes": rows}, "\n".join(lines) or f"no episodes in {agent.name}'s database")
 
 
-def _learned(agent: "Agent") -> Learned:
+def _learned(agent: Agent) -> Learned:
     return learn(agent.db)
 
 
 @command("methods.learn", MethodsLearn, "group an agent's checked episodes by kind and show the candidate methods "
          "(computed from the rows, the same on every replica; nothing is written)", read_only=True)
-def methods_learn(node: "Node", p: MethodsLearn) -> Result:
+def methods_learn(node: Node, p: MethodsLearn) -> Result:
     agent = node.agents.agent(p.agent)
     learned = _learned(agent)
     names = _names(node)
@@ -287,8 +287,7 @@ def methods_learn(node: "Node", p: MethodsLearn) -> Result:
         out = ", ".join(f"{n} {why}" for why, n in k.left_out.items() if n)
         lines.append(f"{k.kind}: {k.checked} checked of {k.episodes}, {_n(k.successes, 'success', 'successes')}"
                      + (f" (left out: {out})" if out else "") + f"\n  {k.status}: {k.why}")
-    for m in learned.candidates:
-        lines.append(_method_text(m, names))
+    lines.extend(_method_text(m, names) for m in learned.candidates)
     return Result({"agent": agent.name, "kinds": [k.to_dict() for k in learned.kinds],
                    "candidates": [_method_dict(m, names) for m in learned.candidates],
                    "promoted": [_method_dict(m, names) for m in learned.promoted]},
@@ -297,7 +296,7 @@ def methods_learn(node: "Node", p: MethodsLearn) -> Result:
 
 @command("methods.list", MethodsLearn, "list an agent's methods: promoted ones, then the current candidates, "
          "with counts and confidence", read_only=True)
-def methods_list(node: "Node", p: MethodsLearn) -> Result:
+def methods_list(node: Node, p: MethodsLearn) -> Result:
     agent = node.agents.agent(p.agent)
     learned = _learned(agent)
     names = _names(node)
@@ -310,7 +309,7 @@ def methods_list(node: "Node", p: MethodsLearn) -> Result:
 
 @command("methods.promote", MethodsPromote, "promote a candidate method (signed by an admin of the agent's "
          "database): it is frozen, later learning never rewrites or demotes it")
-def methods_promote(node: "Node", p: MethodsPromote) -> Result:
+def methods_promote(node: Node, p: MethodsPromote) -> Result:
     agent = node.agents.agent(p.agent)
     learned = _learned(agent)
     m = learned.find(p.method)
@@ -318,14 +317,14 @@ def methods_promote(node: "Node", p: MethodsPromote) -> Result:
         known = ", ".join(c.id for c in learned.candidates) or "none"
         raise UnknownMethod(f"no method {p.method} for {agent.name} (candidates now: {known}; memmesh methods list "
                             f"{agent.name} shows them)")
-    if m.promoted:
+    if m.promotion is not None:
         raise AlreadyPromoted(f"method {m.id} was already promoted (entry {m.promotion.entry}); it is frozen")
     key = _signer(node, agent, p.as_, ADMIN)
     txn = agent.db.transaction(key)
     txn.append(METHODS_STORE, promote_value(m))
     entry = txn.commit()
     done = next((x for x in promoted(agent.db) if x.id == m.id), None)
-    if done is None or done.promotion.entry != entry:  # the checks above are the fold's rules
+    if done is None or done.promotion is None or done.promotion.entry != entry:  # the checks above are the fold's rules
         raise MemmeshError(f"the promotion entry {entry} was stored but does not count; memmesh explain {entry}")
     names = _names(node)
     return Result({"agent": agent.name, "entry": entry, "method": _method_dict(done, names)},
@@ -334,7 +333,7 @@ def methods_promote(node: "Node", p: MethodsPromote) -> Result:
 
 @command("plan-context", PlanContext, "the planner's block for a task: similar past episodes and the methods "
          f"for their kinds (at most {MAX_CHARS:,} characters)", read_only=True)
-def plan_context_command(node: "Node", p: PlanContext) -> Result:
+def plan_context_command(node: Node, p: PlanContext) -> Result:
     agent = node.agents.agent(p.agent)
     block = plan_context(agent.db, p.task, limit=p.limit)
     return Result({"agent": agent.name, "block": block.text, "episodes": list(block.episodes),

@@ -26,7 +26,7 @@ class Unfence(Params):
 
 @command("unfence", Unfence, "lift a database's write fence (set by restore and check --repair) by hand, before a "
                              "sync brought back what this node's keys wrote")
-def unfence(node: "Node", p: Unfence) -> Result:
+def unfence(node: Node, p: Unfence) -> Result:
     db_id = p.db if p.db in node.database_ids() else node.agents.resolve(p.db).db.id
     name = fence.registered_name(node, db_id)
     lifted = fence.lift(node.storage, db_id)

@@ -79,7 +79,7 @@ def _item_line(item: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------- commands
 @command("history.add", HistoryAdd, "record a message of a conversation verbatim (and compact complete batches)")
-def history_add(node: "Node", p: HistoryAdd) -> Result:
+def history_add(node: Node, p: HistoryAdd) -> Result:
     ag = node.agents.agent(p.agent)
     record_tool = bool(agent_state(ag.db, memory_defaults(node)).config.get(TOOL_CONFIG_KEY, False))
     out = service.add_turn(ag.db, ag.key, p.session, p.role, p.text, record_tool_output=record_tool)
@@ -93,7 +93,7 @@ def history_add(node: "Node", p: HistoryAdd) -> Result:
 
 
 @command("history.show", HistoryShow, "show a session's turns or chunks", read_only=True)
-def history_show(node: "Node", p: HistoryShow) -> Result:
+def history_show(node: Node, p: HistoryShow) -> Result:
     ag = node.agents.agent(p.agent)
     data = {"agent": ag.name, **service.show(ag.db, p.session, p.level)}
     head = (f"session {p.session}: {data['turns']} turns, {data['level1']} level-1 chunks, "
@@ -104,7 +104,7 @@ def history_show(node: "Node", p: HistoryShow) -> Result:
 
 
 @command("history.compact", HistoryCompact, "write the chunks whose batches are complete (turns from peers too)")
-def history_compact(node: "Node", p: HistoryCompact) -> Result:
+def history_compact(node: Node, p: HistoryCompact) -> Result:
     ag = node.agents.agent(p.agent)
     written = service.compact(ag.db, ag.key, p.session)
     return Result({"agent": ag.name, "session": p.session, "written": written},
@@ -112,7 +112,7 @@ def history_compact(node: "Node", p: HistoryCompact) -> Result:
 
 
 @command("history.expand", HistoryExpand, "the children of a chunk: level-1 chunks or turns", read_only=True)
-def history_expand(node: "Node", p: HistoryExpand) -> Result:
+def history_expand(node: Node, p: HistoryExpand) -> Result:
     ag = node.agents.agent(p.agent)
     data = {"agent": ag.name, **service.expand(ag.db, p.chunk)}
     c = data["chunk"]
@@ -125,14 +125,14 @@ def history_expand(node: "Node", p: HistoryExpand) -> Result:
 
 @command("history.window", HistoryWindow, "a session's context window: newest turns, then summaries, within a budget",
          read_only=True)
-def history_window(node: "Node", p: HistoryWindow) -> Result:
+def history_window(node: Node, p: HistoryWindow) -> Result:
     ag = node.agents.agent(p.agent)
     data = {"agent": ag.name, **service.window(ag.db, p.session, p.budget)}
     return Result(data, data["text"] or f"(nothing fits in {p.budget} characters)")
 
 
 @command("history.summary", HistorySummary, "record a model's summary of a chunk, signed by the agent's key")
-def history_summary(node: "Node", p: HistorySummary) -> Result:
+def history_summary(node: Node, p: HistorySummary) -> Result:
     ag = node.agents.agent(p.agent)
     data = {"agent": ag.name, **service.set_summary(ag.db, ag.key, p.chunk, p.text)}
     return Result(data, f"model summary of {p.chunk} recorded\n  entry {data['entry']}")

@@ -4,19 +4,18 @@ where every request needs the node's API token, HOME/api.token, as a bearer toke
 A *standalone* command: a transport that runs in the caller's process on the home's path. It
 never opens the node and is never sent to serve; every call it makes goes through the home's
 running serve (node/mcp_server.py starts one when none runs). Its handler takes the home, not
-a node, and imports the MCP SDK only when it runs, so no other command pays for it.
+a node. Its runner is the CLI's (node/cli.py), which imports node/mcp_server.py and the MCP SDK
+only when it runs, so no other command pays for them and this package imports no transport.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
 from memmesh.auth.errors import MemmeshError
 from memmesh.node.commands.params import Cli, Params
-from memmesh.node.commands.registry import command
-from memmesh.node.commands.result import Result
+from memmesh.node.commands.registry import REGISTRY
 from memmesh.node.listen import parse_listen
 
 DEFAULT_HTTP_PORT = 7413  # beside the sync API (7411) and the local HTTP API (7412)
@@ -48,23 +47,11 @@ class Mcp(Params):
         return value
 
     @model_validator(mode="after")
-    def _listen_needs_http(self) -> "Mcp":
+    def _listen_needs_http(self) -> Mcp:
         if self.listen is not None and not self.http:
             raise ValueError("listen is for the HTTP transport: add --http (stdio needs no address)")
         return self
 
 
-@command("mcp", Mcp, "serve an agent's tools and auto-recall prompt to an MCP client (stdio, or --http)",
-         standalone=True)
-def mcp(home: Path, p: Mcp) -> Result:
-    try:
-        from memmesh.node import mcp_server
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] != "mcp":
-            raise
-        raise McpNotInstalled("memmesh mcp needs the mcp extra: pip install 'memmesh[mcp]'") from None
-    if p.http:
-        mcp_server.run_http(home, p.agent, p.listen or f"127.0.0.1:{DEFAULT_HTTP_PORT}")
-    else:
-        mcp_server.run_stdio(home, p.agent)
-    return Result({"agent": p.agent}, "")
+REGISTRY.declare("mcp", Mcp, "serve an agent's tools and auto-recall prompt to an MCP client (stdio, or --http)",
+                 standalone=True)

@@ -24,8 +24,9 @@ PEER_SOURCE = "peer:"
 NO_GRANT = "sync.no_grant"  # node/sync/readers.py: a link stopped because the peer may not read the bank
 
 
-@command("init", NoParams, "create the node: peer key and data directory", creates_home=True)
-def init(node: "Node", p: NoParams) -> Result:
+# Not routed: the API is served by serve, on a home that exists.
+@command("init", NoParams, "create the node: peer key and data directory", creates_home=True, http=None)
+def init(node: Node, p: NoParams) -> Result:
     from memmesh.node.home import make_private, private_line
     from memmesh.node.settings import CONFIG_FILE, write_template
 
@@ -46,18 +47,18 @@ def init(node: "Node", p: NoParams) -> Result:
 
 
 # ---------------------------------------------------------------------------- the numbers
-def stale_after_ms(node: "Node") -> int:
+def stale_after_ms(node: Node) -> int:
     from memmesh.node.settings import applied
 
     return int(applied(node).sync.stale_after_s * 1000)
 
 
-def peer_refusals(db: "Database", peer: str) -> dict[str, int]:
+def peer_refusals(db: Database, peer: str) -> dict[str, int]:
     """reason -> entries of this database refused when ``peer`` sent them."""
     return dict(db.refusal_counts().get(PEER_SOURCE + peer, {}))
 
 
-def link_view(node: "Node", db: "Database", link: "LinkStatus", t: int) -> dict[str, Any]:
+def link_view(node: Node, db: Database, link: LinkStatus, t: int) -> dict[str, Any]:
     """One bank and one peer: exact lag, the last exchange, backoff, traffic, refusals, and
     ``not_sent``: why nothing of the bank goes to that peer now (it may not read it), else None."""
     from memmesh.node.sync.readers import refusal
@@ -73,7 +74,7 @@ def link_view(node: "Node", db: "Database", link: "LinkStatus", t: int) -> dict[
             "bytes_in": link.bytes_in, "bytes_out": link.bytes_out, "refused": peer_refusals(db, link.peer)}
 
 
-def bank_sync(node: "Node", db: "Database", t: int, stale_ms: int) -> dict[str, Any]:
+def bank_sync(node: Node, db: Database, t: int, stale_ms: int) -> dict[str, Any]:
     """Per peer of the bank (every link the daemon recorded), and the bank's worst of them."""
     peers = [link_view(node, db, link, t) for link in node.sync.links(db.id)]
     # A link the daemon stopped because the peer may not read the bank is not stale: nothing
@@ -93,7 +94,7 @@ def bank_sync(node: "Node", db: "Database", t: int, stale_ms: int) -> dict[str, 
             "stale": stale_since is not None, "stale_since_ms": stale_since, "peers": peers}
 
 
-def grants(node: "Node", db: "Database") -> list[dict[str, Any]]:
+def grants(node: Node, db: Database) -> list[dict[str, Any]]:
     """Every key the database's settings name, with what decided its state."""
     names = {str(node.load_key(r.key_name).public): r.name for r in node.agents.agents()}
     for bank in node.registry.banks():
@@ -110,7 +111,7 @@ def grants(node: "Node", db: "Database") -> list[dict[str, Any]]:
     return out
 
 
-def recall_status(node: "Node", db: "Database", reader: str | None = None) -> dict[str, Any]:
+def recall_status(node: Node, db: Database, reader: str | None = None) -> dict[str, Any]:
     """The embedder in use, the share of current memories (those that may have one: secrets are
     never embedded) with a vector for it, and the current memories per trust tier for
     ``reader`` (a public key; None: every plain row is ``peer``), per hygiene rule, holding a
@@ -128,7 +129,7 @@ def recall_status(node: "Node", db: "Database", reader: str | None = None) -> di
             "quarantines": {"active": sum(q.active for q in qs), "released": sum(not q.active for q in qs)}}
 
 
-def database_status(node: "Node", db_id: str, shared: set[str], t: int, stale_ms: int) -> dict[str, Any]:
+def database_status(node: Node, db_id: str, shared: set[str], t: int, stale_ms: int) -> dict[str, Any]:
     db = node.database(db_id)
     meta = db.meta()
     refused = db.refusal_counts()
@@ -147,7 +148,7 @@ def database_status(node: "Node", db_id: str, shared: set[str], t: int, stale_ms
             "recall": recall_status(node, db), "sync": bank_sync(node, db, t, stale_ms)}
 
 
-def node_view(node: "Node", dbs: list[dict[str, Any]]) -> dict[str, Any]:
+def node_view(node: Node, dbs: list[dict[str, Any]]) -> dict[str, Any]:
     from memmesh.crdt.verifystats import VERIFIED
 
     info = node.serve_info
@@ -166,8 +167,7 @@ def node_view(node: "Node", dbs: list[dict[str, Any]]) -> dict[str, Any]:
 
 @command("status", NoParams, "the node, each database (entries, lag per peer, grants, refusals) and sync",
          read_only=True)
-def status(node: "Node", p: NoParams) -> Result:
-    from memmesh.node.commands.sync import sync_status
+def status(node: Node, p: NoParams) -> Result:
     from memmesh.node.fence import status as fenced
 
     t = now_ms()
@@ -178,6 +178,20 @@ def status(node: "Node", p: NoParams) -> Result:
             "databases": dbs, "fenced": fenced(node),
             "sync": {"serving": node.network.serving, "address": node.sync.address(), "links": sync_status(node)}}
     return Result(data, render_status(data, t))
+
+
+def sync_status(node: Node) -> list[dict]:
+    """Per shared bank and peer: the last exchange's outcome (for `memmesh status`)."""
+    out = []
+    t = now_ms()
+    for link in node.sync.links():
+        rec = node.sync.peers.get(link.db, link.peer)
+        out.append({"db": link.db, "bank": node.agents.name_of(link.db), "peer": link.peer,
+                    "last_success_ms": link.last_success_ms, "last_error": link.last_error,
+                    "behind": link.lacking, "peer_behind": link.peer_lacking, "pulled": link.pulled,
+                    "pushed": link.pushed, "refused": dict(link.refused),
+                    "backoff_ms": max(0, rec.next_try_ms - t) if rec else 0})
+    return out
 
 
 # ---------------------------------------------------------------------------- the text

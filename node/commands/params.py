@@ -9,17 +9,22 @@ marker (``Annotated[str, Cli(positional=True)]``), which pydantic keeps and igno
 from __future__ import annotations
 
 import json
-import re
 import unicodedata
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
 
+from memmesh.node.commands.json_input import (  # noqa: F401  (where the API and the CLI import them from)
+    MAX_DEPTH,
+    json_nesting,
+    loads,
+    no_json_constant,
+    unique_keys,
+)
 from memmesh.node.refusal import ParamsError
 from memmesh.node.strict import StrictModel
-
+from memmesh.node.validation_text import json_type, shown, what_is_wrong
 
 # Parameters that name something the node looks up (an agent, a bank, a database, a key): a
 # control character in one is never a real name, and NUL reaches storage's own checks as a bug.
@@ -47,7 +52,7 @@ class Params(StrictModel):
             for item in value if isinstance(value, list) else [value]:
                 bad = control_character(item) if isinstance(item, str) else None
                 if bad is not None:
-                    raise ValueError(f"{name} must not contain control characters (got {_shown(item)}, "
+                    raise ValueError(f"{name} must not contain control characters (got {shown(item)}, "
                                      f"which holds {bad!r})")
         return data
 
@@ -91,59 +96,10 @@ class NoParams(Params):
     """A command that takes nothing."""
 
 
-# No command takes parameters nested more than a few levels (edges, a config value's mapping);
-# the HTTP API refuses deeper bodies before decoding them, and this holds for every other
-# transport (MCP, chat, the control channel) before json.dumps would recurse into them.
-MAX_DEPTH = 64
-
-
-def json_nesting(raw: bytes) -> int:
-    """How deep the arrays and objects of JSON text nest, at most (brackets in strings do not
-    count), found without decoding it: text nested 100,000 deep must be refused before
-    json.loads recurses into it. Malformed text gives some number; json.loads then says what is
-    wrong."""
-    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    return max(accumulate(_BRACKETS[b] for b in brackets), default=0)
-
-
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKETS = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
-
-
-def no_json_constant(name: str) -> Any:
-    """json.loads' parse_constant: NaN and Infinity are not JSON numbers."""
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json.loads' object_pairs_hook: an object naming a key twice is refused, since which of
-    the two a reader takes differs between JSON parsers (what a client or a proxy checked need
-    not be what runs)."""
-    value: dict[str, Any] = {}
-    for key, item in pairs:
-        if key in value:
-            raise ValueError(f"the key {_shown(key)} appears twice in one object")
-        value[key] = item
-    return value
-
-
-def loads(text: str) -> Any:
-    """JSON text that people or programs give a parameter as (the CLI's and chat's JSON
-    options), read by the HTTP API's rules: nesting at most MAX_DEPTH, no NaN or Infinity, no
-    key twice. ValueError says what is wrong."""
-    if json_nesting(text.encode("utf-8", "surrogatepass")) > MAX_DEPTH:
-        raise ValueError(f"it nests arrays and objects more than {MAX_DEPTH} deep")
-    try:
-        return json.loads(text, parse_constant=no_json_constant, object_pairs_hook=unique_keys)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{exc.msg} at position {exc.pos}") from None
-
-
 def parse(model: type[Params], params: Any, what: str) -> Params:
     """Validate JSON-compatible ``params`` against ``model``; ``what`` names it in errors."""
     if not isinstance(params, dict):
-        raise ParamsError(f"{what} takes a JSON object of parameters, got {_json_type(params)}")
+        raise ParamsError(f"{what} takes a JSON object of parameters, got {json_type(params)}")
     _check_text(params, what)
     try:
         # Through JSON text, as a socket would carry it: in-process and remote calls are then
@@ -199,13 +155,11 @@ def describe(what: str, model: type[Params], exc: ValidationError) -> str:
     for e in exc.errors():
         if e["type"] in ("missing", "extra_forbidden"):
             continue
-        message = e["msg"].removeprefix("Value error, ")
-        if message.startswith("Input should"):
-            message = message.removeprefix("Input ")
+        message = what_is_wrong(e)
         where = _loc(e["loc"])
         text = f"{where} {message}" if where else message
         if where and not _is_secret(model, e["loc"]):
-            text += f" (got {_shown(e['input'])})"
+            text += f" (got {shown(e['input'])})"
         parts.append(text if parts else f"{what}: {text}")
     return "; ".join(parts)
 
@@ -220,17 +174,6 @@ def _loc(loc: tuple[Any, ...]) -> str:
 def _is_secret(model: type[Params], loc: tuple[Any, ...]) -> bool:
     field = model.model_fields.get(loc[0]) if loc else None
     return field is not None and field.annotation in (SecretStr, SecretStr | None)
-
-
-def _shown(value: Any) -> str:
-    text = repr(value) if not isinstance(value, (dict, list)) else _json_type(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-             int: "a number", float: "a number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
 
 
 __all__ = ["AgentName", "AgentParams", "BankRef", "Cli", "NoParams", "OptionalBank", "Params",

@@ -18,7 +18,14 @@ from memmesh.node.commands.params import BankRef, Cli, Params, ParamsError
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result
 from memmesh.node.commands.tools import WorldTime
-from memmesh.node.memory.quarantine import QUARANTINE_STORE, Quarantine, hides, quarantine_value, quarantines, release_value
+from memmesh.node.memory.quarantine import (
+    QUARANTINE_STORE,
+    Quarantine,
+    hides,
+    quarantine_value,
+    quarantines,
+    release_value,
+)
 from memmesh.node.memory.rows import Memory, MemoryInputError, check_time, iso_utc, parse_memory
 from memmesh.node.memory.timeline import check_entry_id
 from memmesh.node.registry import UnknownName
@@ -77,7 +84,7 @@ class MemoryQuarantines(Params):
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _names(node: "Node") -> dict[str, str]:
+def _names(node: Node) -> dict[str, str]:
     """Public key -> the name this node knows it by."""
     names = {str(node.load_key(r.key_name).public): r.name for r in node.agents.agents()}
     for bank in node.registry.banks():
@@ -86,7 +93,7 @@ def _names(node: "Node") -> dict[str, str]:
     return names
 
 
-def _agent_key(node: "Node", name: str, role: str) -> SigningKey:
+def _agent_key(node: Node, name: str, role: str) -> SigningKey:
     if node.registry.agent(name) is None:
         known = ", ".join(r.name for r in node.agents.agents()) or "none"
         hint = (" name the writer by its public key (ed25519:..., the written_by of its memories) instead"
@@ -95,7 +102,7 @@ def _agent_key(node: "Node", name: str, role: str) -> SigningKey:
     return node.agents.agent(name).key
 
 
-def _target(node: "Node", who: str) -> str:
+def _target(node: Node, who: str) -> str:
     if who.startswith("ed25519:"):
         try:
             return check_key(who)
@@ -105,7 +112,7 @@ def _target(node: "Node", who: str) -> str:
     return str(_agent_key(node, who, "who").public)
 
 
-def _signer(node: "Node", bank: "Bank", agent: str | None) -> SigningKey:
+def _signer(node: Node, bank: Bank, agent: str | None) -> SigningKey:
     # The key grant and revoke change settings with (Agents.resolve: the bank's own key when
     # this node created it, the peer key when it imported it), unless --as names an agent.
     return bank.admin_key if agent is None else _agent_key(node, agent, "as")
@@ -119,7 +126,7 @@ def _perm(p: Permission | None) -> str:
     return "no permission" if p is None else str(p)
 
 
-def _admin(db: "Database", key: str, bank: str, names: dict[str, str], doing: str) -> Permission:
+def _admin(db: Database, key: str, bank: str, names: dict[str, str], doing: str) -> Permission:
     """The Admin permission ``key`` holds on the bank now (what a new entry's past gives it)."""
     held = db.settings().permission(key)
     if held is None or held.level != ADMIN:
@@ -130,7 +137,7 @@ def _admin(db: "Database", key: str, bank: str, names: dict[str, str], doing: st
     return held
 
 
-def _rows(node: "Node", db: "Database") -> list[tuple[Memory, bool]]:
+def _rows(node: Node, db: Database) -> list[tuple[Memory, bool]]:
     """Every well-formed memory row of the bank, and whether it is its key's current row (as the
     view decides; hidden rows included: the view lists them)."""
     current = {(m.entry_id, m.row_key) for m in node.memory.view(db).memories()}
@@ -146,7 +153,7 @@ def _counts(rows: list[tuple[Memory, bool]], q: Quarantine, qs: list[Quarantine]
     """The memory rows ``q`` covers: current ones and all, and how many of them another active
     quarantine already hides."""
     others = [o for o in qs if o.active and o.id != q.id]
-    out = {"current": 0, "rows": 0, "already_hidden": {"current": 0, "rows": 0}}
+    out: dict[str, Any] = {"current": 0, "rows": 0, "already_hidden": {"current": 0, "rows": 0}}
     for m, is_current in rows:
         if not q.covers(m.author, m.ts):
             continue
@@ -174,7 +181,7 @@ def _hides_text(c: dict[str, Any]) -> str:
     return f"{c['current']} current memor{'y' if c['current'] == 1 else 'ies'}, {c['rows']} row{'' if c['rows'] == 1 else 's'}{more}"
 
 
-def _find(db: "Database", bank: str, quarantine_id: str) -> tuple[Quarantine, list[Quarantine]]:
+def _find(db: Database, bank: str, quarantine_id: str) -> tuple[Quarantine, list[Quarantine]]:
     qs = quarantines(db)
     q = next((x for x in qs if x.id == quarantine_id), None)
     if q is None:
@@ -186,7 +193,7 @@ def _find(db: "Database", bank: str, quarantine_id: str) -> tuple[Quarantine, li
 # ---------------------------------------------------------------------------------- commands
 @command("memory.quarantine", MemoryQuarantine,
          "hide a writer's memory rows (a signed entry; --preview counts them and writes nothing)")
-def memory_quarantine(node: "Node", p: MemoryQuarantine) -> Result:
+def memory_quarantine(node: Node, p: MemoryQuarantine) -> Result:
     bank = node.agents.resolve(p.bank)
     db = bank.db
     key = _target(node, p.who)
@@ -224,7 +231,7 @@ def memory_quarantine(node: "Node", p: MemoryQuarantine) -> Result:
 
 
 @command("memory.release", MemoryRelease, "end a quarantine: what it hid is recalled again")
-def memory_release(node: "Node", p: MemoryRelease) -> Result:
+def memory_release(node: Node, p: MemoryRelease) -> Result:
     bank = node.agents.resolve(p.bank)
     db = bank.db
     q, qs = _find(db, bank.name, p.quarantine)
@@ -257,7 +264,7 @@ def memory_release(node: "Node", p: MemoryRelease) -> Result:
 
 @command("memory.quarantines", MemoryQuarantines, "list a bank's quarantines: who, by whom, when, counts, release",
          read_only=True)
-def memory_quarantines(node: "Node", p: MemoryQuarantines) -> Result:
+def memory_quarantines(node: Node, p: MemoryQuarantines) -> Result:
     bank = node.agents.resolve(p.bank)
     db = bank.db
     names = _names(node)

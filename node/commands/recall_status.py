@@ -23,7 +23,7 @@ class MemoryStatus(Params):
 
 @command("memory.status", MemoryStatus, "the recall engine of a bank: embedder, vectors, trust tiers, "
          "flagged, secret and quarantined memories", read_only=True)
-def memory_status(node: "Node", p: MemoryStatus) -> Result:
+def memory_status(node: Node, p: MemoryStatus) -> Result:
     ref = node.agents.resolve(p.bank)
     reader = str(node.agents.agent(p.agent).key.public) if p.agent is not None else None
     data = {"bank": ref.name, "id": ref.db.id, "agent": p.agent, **recall_status(node, ref.db, reader)}

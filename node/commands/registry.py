@@ -11,6 +11,13 @@ parameters change nothing). The CLI builds that dict from argparse; a running ``
 receives ``{name, params}`` over its control socket (and the HTTP API, MCP and chat from their
 own requests) and calls the same :meth:`Registry.run`.
 
+Each command also declares its transport policy, and each transport derives what it serves
+from it rather than keeping a list of its own: where it runs (``runs``: through the home's
+serve when one runs, or always in the caller's process), its HTTP route (``http``: the API's
+rule unless declared), whether chat callers may run it (``chat``) and which fields a chat
+line's caller supplies (``from_caller``), whether it changes anything (``read_only``). The
+agent tools and their MCP hints are node/catalogue.py's.
+
 A handler that reports progress declares a keyword-only ``events`` parameter: a sink of small
 JSON-compatible dicts (``{"event": "progress", "done": n, "total": m}``), which the CLI draws
 as a progress bar and a server could stream. A callback of the transport's own shape would not
@@ -21,9 +28,10 @@ survive being sent as data.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from memmesh.auth.errors import MemmeshError
 from memmesh.node.commands.params import Params, parse
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
 
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]
+Handler = TypeVar("Handler", bound=Callable[..., Result])
 
 
 class UnknownCommand(MemmeshError):
@@ -48,16 +57,39 @@ def _discard(event: Event) -> None:
     """The sink of a caller that does not listen to events."""
 
 
+# Where a command runs (``Command.runs``).
+EITHER = "either"  # in the home's serve when one runs, else in the caller's process
+HERE = "here"  # always in the caller's process, never sent to serve (serve itself; restore; mcp)
+
+# A command's HTTP route, (method, path template); None: not routed. A path's ``{name}`` is a
+# parameter taken from the path. DEFAULT_ROUTE: the API's rule (docs/api.md), ``/v1/<name with
+# . as />``, GET when read-only and without parameters, else POST.
+Http = tuple[str, str]
+DEFAULT_ROUTE: Any = object()
+API_PREFIX = "/v1"
+
+
+def default_route(name: str, params: type[Params], read_only: bool) -> Http:
+    method = "GET" if read_only and not params.model_fields else "POST"
+    return method, f"{API_PREFIX}/{name.replace('.', '/')}"
+
+
 @dataclass(frozen=True)
 class Command:
+    """A command and its transport policy: every transport derives what it serves from this
+    record (the CLI's dispatch, the HTTP routes, the chat grammar), none keeps a list of its own."""
+
     name: str
     params: type[Params]
-    handler: Callable[..., Result]
+    # None for a command whose handler is a transport (serve, mcp): the caller that may import
+    # the transport provides it (node/dispatch.py's ``runners``), so this package imports none.
+    handler: Callable[..., Result] | None
     help: str
     creates_home: bool = False  # runs on a home that may not exist yet (init)
     emits_events: bool = False  # the handler takes the keyword-only ``events`` sink
-    # A transport that runs in the caller's process on the home's *path* (mcp): its handler is
-    # ``(home, params)``; it never opens the node, is never sent to serve, and has no HTTP route.
+    # A transport that runs in the caller's process on the home's *path* (mcp, restore): its
+    # handler is ``(home, params)``; it never opens the node, is never sent to serve, and has no
+    # HTTP route.
     standalone: bool = False
     # Changes nothing (a listing, a status): the HTTP API serves such a command, when it takes no
     # parameters, as a GET (docs/api.md).
@@ -66,6 +98,10 @@ class Command:
     # command when serve runs (handler ``(node, params)``); otherwise its handler is given the
     # home's path, ``(home, params)``, and opens what it can itself (``Registry.run_on_home``).
     opens_itself: bool = False
+    runs: str = EITHER  # EITHER or HERE
+    http: Http | None = None  # resolved at registration: the rule's route unless declared
+    chat: bool = False  # a chat line (/memory ...) may run it; resolved: every memory.* command
+    from_caller: tuple[str, ...] = ()  # fields a chat line's caller supplies instead of its text
 
     def schema(self) -> dict[str, Any]:
         """The JSON Schema of the parameters (what HTTP/OpenAPI and MCP are generated from)."""
@@ -81,21 +117,41 @@ class Registry:
         self._groups: dict[str, str] = {}
 
     # ------------------------------------------------------------------ declaring
-    def command(self, name: str, params: type[Params], help: str, *, creates_home: bool = False,
-                standalone: bool = False, read_only: bool = False,
-                opens_itself: bool = False) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+    def command(self, name: str, params: type[Params], help: str, **policy: Any) -> Callable[[Handler], Handler]:
         """Register the decorated handler ``(node, params) -> Result`` as command ``name``
-        (``(home, params) -> Result`` when ``standalone``)."""
-        def register(handler: Callable[..., Result]) -> Callable[..., Result]:
-            if name in self._commands:
-                raise ValueError(f"command {name!r} is registered twice")
-            events = inspect.signature(handler).parameters.get("events")
-            if events is not None and events.kind is not inspect.Parameter.KEYWORD_ONLY:
-                raise TypeError(f"{handler.__qualname__}: events must be a keyword-only parameter")
-            self._commands[name] = Command(name, params, handler, help, creates_home, events is not None,
-                                           standalone, read_only, opens_itself)
+        (``(home, params) -> Result`` when ``standalone``), with its transport policy (the
+        keywords of ``_register``)."""
+        def register(handler: Handler) -> Handler:
+            self._register(name, params, help, handler, **policy)
             return handler
         return register
+
+    def declare(self, name: str, params: type[Params], help: str, **policy: Any) -> None:
+        """Register a command whose handler is a transport (serve, mcp): its model and policy
+        here; its runner is given by the caller that may import the transport (node/cli.py,
+        through node/dispatch.py's ``runners``)."""
+        self._register(name, params, help, None, **policy)
+
+    def _register(self, name: str, params: type[Params], help: str, handler: Callable[..., Result] | None, *,
+                  creates_home: bool = False, standalone: bool = False, read_only: bool = False,
+                  opens_itself: bool = False, runs: str | None = None, http: Http | None = DEFAULT_ROUTE,
+                  chat: bool | None = None, from_caller: tuple[str, ...] = ()) -> None:
+        if name in self._commands:
+            raise ValueError(f"command {name!r} is registered twice")
+        events = inspect.signature(handler).parameters.get("events") if handler is not None else None
+        if events is not None and events.kind is not inspect.Parameter.KEYWORD_ONLY:
+            raise TypeError(f"{name}: events must be a keyword-only parameter")
+        where = runs or (HERE if standalone else EITHER)
+        if where not in (EITHER, HERE):
+            raise ValueError(f"{name}: runs is {EITHER!r} or {HERE!r}, not {where!r}")
+        route = None if standalone else (default_route(name, params, read_only) if http is DEFAULT_ROUTE else http)
+        missing = set(from_caller) - set(params.model_fields)
+        if missing:
+            raise ValueError(f"{name}: from_caller names {sorted(missing)}, which are not parameters")
+        # chat not given: every memory.* command (the /memory group) may be run from a chat line.
+        self._commands[name] = Command(name, params, handler, help, creates_home, events is not None,
+                                       standalone, read_only, opens_itself, where, route,
+                                       name.startswith("memory.") if chat is None else chat, tuple(from_caller))
 
     def group(self, name: str, help: str) -> None:
         """Describe a group of commands (``memory`` for ``memory.new``, ``memory.list``, ...)."""
@@ -118,27 +174,36 @@ class Registry:
         return self._groups.get(name, "")
 
     # ------------------------------------------------------------------ running
-    def run(self, node: "Node", name: str, params: Any, events: EventSink | None = None) -> Result:
+    def run(self, node: Node, name: str, params: Any, events: EventSink | None = None) -> Result:
         """Run command ``name`` on an open node with JSON-compatible ``params``."""
         cmd = self.get(name)
-        parsed = cmd.parse(params)
-        if cmd.standalone:
-            raise StandaloneCommand(f"{name} runs in its own process on a home, not on an open node: "
-                                    f"run memmesh {name.replace('.', ' ')}")
-        if cmd.emits_events:
-            return cmd.handler(node, parsed, events=events or _discard)
-        return cmd.handler(node, parsed)
+        return self.execute(node, cmd, cmd.parse(params), events)
 
+    def execute(self, node: Node, cmd: Command, parsed: Params, events: EventSink | None = None) -> Result:
+        """Run ``cmd`` on an open node with parameters its model has validated already (by the
+        caller that needed them first), so that each call parses them once."""
+        if cmd.standalone or cmd.handler is None:
+            raise StandaloneCommand(f"{cmd.name} runs in its own process, not on an open node: "
+                                    f"run memmesh {cmd.name.replace('.', ' ')}")
+        return _call(cmd.handler, cmd, node, parsed, events)
 
     def run_on_home(self, home: Path, name: str, params: Any, events: EventSink | None = None) -> Result:
         """Run a command that opens the home itself (``opens_itself``) on the home's path."""
         cmd = self.get(name)
-        parsed = cmd.parse(params)
-        if not cmd.opens_itself:
-            raise UnknownCommand(f"{name} runs on an open node, not on a home's path")
-        if cmd.emits_events:
-            return cmd.handler(home, parsed, events=events or _discard)
-        return cmd.handler(home, parsed)
+        return self.execute_on_home(home, cmd, cmd.parse(params), events)
+
+    def execute_on_home(self, home: Path, cmd: Command, parsed: Params, events: EventSink | None = None) -> Result:
+        """``run_on_home`` with parameters validated already."""
+        if not cmd.opens_itself or cmd.handler is None:
+            raise UnknownCommand(f"{cmd.name} runs on an open node, not on a home's path")
+        return _call(cmd.handler, cmd, home, parsed, events)
+
+
+def _call(handler: Callable[..., Result], cmd: Command, target: Any, parsed: Params,
+          events: EventSink | None) -> Result:
+    if cmd.emits_events:
+        return handler(target, parsed, events=events or _discard)
+    return handler(target, parsed)
 
 
 def progress_sink(callback: Callable[[int, int], None]) -> EventSink:

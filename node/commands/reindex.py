@@ -1,7 +1,7 @@
 """memory.reindex: backfill vectors for the active embedder, reporting progress as events."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
@@ -19,10 +19,11 @@ class MemoryReindex(Params):
 
 
 @command("memory.reindex", MemoryReindex, "backfill vectors for the active embedder")
-def memory_reindex(node: "Node", p: MemoryReindex, *, events: EventSink) -> Result:
+def memory_reindex(node: Node, p: MemoryReindex, *, events: EventSink) -> Result:
     """Events: ``{"event": "progress", "bank": name, "done": n, "total": m}`` after each batch."""
     if p.bank is None:
-        targets = [node.agents.resolve(r.name) for r in [*node.registry.banks(), *node.agents.agents()]]
+        names = [r.name for r in node.registry.banks()] + [r.name for r in node.agents.agents()]
+        targets = [node.agents.resolve(name) for name in names]
     else:
         targets = [node.agents.resolve(p.bank)]
     done = []
@@ -30,7 +31,10 @@ def memory_reindex(node: "Node", p: MemoryReindex, *, events: EventSink) -> Resu
         def progress(n: int, total: int, bank: str = ref.name) -> None:
             events({"event": "progress", "bank": bank, "done": n, "total": total})
 
-        result = node.memory.reindex(ref.db, lambda _db, k=ref.admin_key: k, progress=progress)
+        def key_of(_db: Any, key: Any = ref.admin_key) -> Any:  # every row of the bank is signed with its admin key
+            return key
+
+        result = node.memory.reindex(ref.db, key_of, progress=progress)
         done.append({"bank": ref.name, **result})
     total = sum(d["embedded"] for d in done)
     return Result({"reindexed": done, "embedded": total},

@@ -10,7 +10,16 @@ from memmesh.node.commands.params import Cli, Params
 from memmesh.node.commands.registry import REGISTRY, command
 from memmesh.node.commands.result import Result
 from memmesh.node.memory.rows import check_time
-from memmesh.node.retention import RETENTION_STORE, Forget, PolicyError, plan, policy_in_force, policy_value, run, summary
+from memmesh.node.retention import (
+    RETENTION_STORE,
+    Forget,
+    PolicyError,
+    plan,
+    policy_in_force,
+    policy_value,
+    run,
+    summary,
+)
 
 if TYPE_CHECKING:
     from memmesh.node.library import Node
@@ -43,7 +52,7 @@ def _now(p: RetentionRun) -> int:
 
 
 @command("retention.set", RetentionSet, "set a database's retention policy (a signed entry; an admin's key)")
-def retention_set(node: "Node", p: RetentionSet) -> Result:
+def retention_set(node: Node, p: RetentionSet) -> Result:
     ref = node.agents.resolve(p.db)
     policy = policy_value(p.days, p.compress_after, p.success_gone_x, p.failure_gone_x, p.keep_promoted_evidence)
     perm = ref.db.permission(str(ref.admin_key.public))
@@ -58,7 +67,7 @@ def retention_set(node: "Node", p: RetentionSet) -> Result:
 
 
 @command("retention.show", RetentionDb, "the retention policy in force", read_only=True)
-def retention_show(node: "Node", p: RetentionDb) -> Result:
+def retention_show(node: Node, p: RetentionDb) -> Result:
     ref = node.agents.resolve(p.db)
     policy = policy_in_force(ref.db)
     data = {"db": ref.name, "id": ref.db.id, "policy": policy.to_dict() if policy else None}
@@ -78,14 +87,14 @@ def _plan_result(ref: Any, found: list[Forget], now: int, entries: list[str] | N
 
 
 @command("retention.preview", RetentionRun, "count what a retention run would erase; changes nothing", read_only=True)
-def retention_preview(node: "Node", p: RetentionRun) -> Result:
+def retention_preview(node: Node, p: RetentionRun) -> Result:
     ref = node.agents.resolve(p.db)
     now = _now(p)
     return _plan_result(ref, plan(ref.db, now), now, None)
 
 
 @command("retention.run", RetentionRun, "erase what the retention policy says, with signed erasures")
-def retention_run(node: "Node", p: RetentionRun) -> Result:
+def retention_run(node: Node, p: RetentionRun) -> Result:
     ref = node.agents.resolve(p.db)
     now = _now(p)
     if policy_in_force(ref.db) is None:

@@ -1,23 +1,20 @@
 """serve: run the node in the foreground (sync API, daemon, control channel) until a signal.
 
-The one command whose handler is a transport: it is registered here like every other command
-(so the CLI and the HTTP API's schema derive it from one model), and its handler hands
-the open node to node/serve.py, imported only when serve actually runs so that no other
-command pays for the server's imports.
+A command whose handler is a transport: its model and policy are declared here like every
+other command's (so the CLI derives it from one model), and the runner, which hands the open
+node to node/serve.py, is the CLI's (node/cli.py), the transport floor that may import serve.
+This package never imports a transport.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from pydantic import Field, field_validator
 
 from memmesh.node.commands.params import Cli, Params
-from memmesh.node.commands.registry import command
-from memmesh.node.commands.result import Result
-from memmesh.node.listen import DEFAULT_HOST, DEFAULT_PORT, parse_listen
+from memmesh.node.commands.registry import HERE, REGISTRY
+from memmesh.node.listen import DEFAULT_HOST, DEFAULT_PORT, check_listen, check_listen_or_off
 
-if TYPE_CHECKING:
-    from memmesh.node.library import Node
 
 class Serve(Params):
     # Not given (None): config.yaml's sync section says, else the built-in default (node/serve_config.py).
@@ -43,16 +40,12 @@ class Serve(Params):
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_listen(value)
-        return value
+        return check_listen(value)
 
     @field_validator("api_listen")
     @classmethod
     def _api_listen(cls, value: str | None) -> str | None:
-        if value is not None and value != "off":
-            parse_listen(value)
-        return value
+        return check_listen_or_off(value)
 
     @field_validator("advertise")
     @classmethod
@@ -67,9 +60,6 @@ class Serve(Params):
         return value
 
 
-@command("serve", Serve, "run the node: the sync API for peers, the sync daemon, and the channel other commands use")
-def serve(node: "Node", p: Serve) -> Result:
-    from memmesh.node.serve import serve_node  # the transport, imported only by the command that is one
-
-    return serve_node(node, listen=p.listen, discovery=False if p.no_discovery else None, log_json=p.log_json,
-                      interval_s=p.interval_s, fanout=p.fanout, advertise=p.advertise, api_listen=p.api_listen)
+# Never sent to serve (it is serve; it refuses to start when one runs), never routed (it is what runs).
+REGISTRY.declare("serve", Serve, "run the node: the sync API for peers, the sync daemon, and the channel other "
+                 "commands use", runs=HERE, http=None)

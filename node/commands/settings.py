@@ -21,7 +21,7 @@ REGISTRY.group("config", "check config.yaml, show the config in force")
 
 
 @command("reload", NoParams, "read HOME/config.yaml again and apply it (what SIGHUP does to serve)")
-def reload(node: "Node", p: NoParams) -> Result:
+def reload(node: Node, p: NoParams) -> Result:
     from memmesh.node.config_apply import reload_config
 
     done = reload_config(node)
@@ -44,7 +44,7 @@ class ConfigCheck(Params):
 
 
 @command("config.check", ConfigCheck, "validate a config.yaml without applying it", read_only=True)
-def config_check(node: "Node", p: ConfigCheck) -> Result:
+def config_check(node: Node, p: ConfigCheck) -> Result:
     # Never a path from the request: a serve that opened one would show any file it can read
     # to whoever can reach its API. The caller's own file comes as text (the CLI reads it).
     if p.text is None:
@@ -63,7 +63,7 @@ def config_check(node: "Node", p: ConfigCheck) -> Result:
 
 
 @command("config.show", NoParams, "print the config in force as YAML", read_only=True)
-def config_show(node: "Node", p: NoParams) -> Result:
+def config_show(node: Node, p: NoParams) -> Result:
     data = applied(node).model_dump(mode="json")
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True).rstrip()
     if node.registry.config(APPLIED) is None:

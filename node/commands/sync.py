@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -38,7 +38,7 @@ class MemoryShare(Params):
 
 
 @command("memory.share", MemoryShare, "print a signed ticket that lets another peer import a bank")
-def memory_share(node: "Node", p: MemoryShare) -> Result:
+def memory_share(node: Node, p: MemoryShare) -> Result:
     address = node.sync.address() or sharing.DEFAULT_ADDRESS
     shared = sharing.share(node, p.bank, perm=p.perm, recipient=p.recipient, expires_s=parse_duration(p.expires),
                            address=address)
@@ -62,7 +62,7 @@ class MemoryUnshare(Params):
 
 @command("memory.unshare", MemoryUnshare, "stop serving a bank to peers and end its unredeemed invites "
                                            "(keys they hold stay granted)")
-def memory_unshare(node: "Node", p: MemoryUnshare) -> Result:
+def memory_unshare(node: Node, p: MemoryUnshare) -> Result:
     done = sharing.unshare(node, p.bank)
     if done.was_shared:
         node.network.publish("bank.unshared", {"db": done.db, "bank": done.bank})
@@ -83,7 +83,7 @@ class MemoryImport(Params):
 
 
 @command("memory.import", MemoryImport, "import a bank from a ticket: verify, reach the issuer, copy it, sync it")
-def memory_import(node: "Node", p: MemoryImport) -> Result:
+def memory_import(node: Node, p: MemoryImport) -> Result:
     def make(run):
         return sharing.import_ticket(node, p.ticket, p.perm, p.name, run, lookup=node.network.lookup)
 
@@ -100,7 +100,7 @@ def memory_import(node: "Node", p: MemoryImport) -> Result:
 
 @command("peers", NoParams, "peers this node knows: how it found them, traffic, banks shared, refusals",
          read_only=True)
-def peers(node: "Node", p: NoParams) -> Result:
+def peers(node: Node, p: NoParams) -> Result:
     from memmesh.node.commands.node_status import ago, peer_refusals, short, stale_after_ms
 
     t = now_ms()
@@ -168,7 +168,7 @@ CURSOR_SEQ = 4096  # a cursor is at_ms * CURSOR_SEQ + (the refusal's number mod 
 
 
 @command("refusals", Refusals, "entries this node refused, newest first, with who sent them and why", read_only=True)
-def refusals(node: "Node", p: Refusals) -> Result:
+def refusals(node: Node, p: Refusals) -> Result:
     from memmesh.node.commands.node_status import short, utc
 
     found = []
@@ -180,7 +180,7 @@ def refusals(node: "Node", p: Refusals) -> Result:
                 found.append((cursor, db_id, r))
     found.sort(key=lambda f: (f[0], f[1]), reverse=True)
     page = found[:p.limit]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for cursor, db_id, r in page:
         db = node.database(db_id)
         source = r.source[len("peer:"):] if r.source.startswith("peer:") else (r.source or "local")
@@ -188,8 +188,8 @@ def refusals(node: "Node", p: Refusals) -> Result:
                      "source": source, "reason": r.reason, "first_seen_ms": r.at_ms, "explain": db.explain(r.id)})
     more = len(found) > len(page)
     data = {"refusals": rows, "next": page[-1][0] if more and page else None}
-    lines = [f"{utc(r['first_seen_ms'])}  {r['bank']}  {r['reason']}  from {short(r['source'])}  {r['entry']}\n"
-             f"    {r['explain']}" for r in rows]
+    lines = [f"{utc(row['first_seen_ms'])}  {row['bank']}  {row['reason']}  from {short(row['source'])}  "
+             f"{row['entry']}\n    {row['explain']}" for row in rows]
     if data["next"] is not None:
         lines.append(f"more: memmesh refusals --before {data['next']}")
     return Result(data, "\n".join(lines) or "no refusals")
@@ -206,7 +206,7 @@ class SyncFailed(MemmeshError):
 
 
 @command("sync", Sync, "sync shared banks with their peers now (exit 1 if a peer could not be reached)")
-def sync(node: "Node", p: Sync) -> Result:
+def sync(node: Node, p: Sync) -> Result:
     from memmesh.node.sync.oneshot import sync_now
 
     if p.bank is not None:
@@ -228,15 +228,3 @@ def _when(epoch_s: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch_s))
 
 
-def sync_status(node: "Node") -> list[dict]:
-    """Per shared bank and peer: the last exchange's outcome (for `memmesh status`)."""
-    out = []
-    t = now_ms()
-    for link in node.sync.links():
-        rec = node.sync.peers.get(link.db, link.peer)
-        out.append({"db": link.db, "bank": node.agents.name_of(link.db), "peer": link.peer,
-                    "last_success_ms": link.last_success_ms, "last_error": link.last_error,
-                    "behind": link.lacking, "peer_behind": link.peer_lacking, "pulled": link.pulled,
-                    "pushed": link.pushed, "refused": dict(link.refused),
-                    "backoff_ms": max(0, rec.next_try_ms - t) if rec else 0})
-    return out

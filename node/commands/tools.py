@@ -8,12 +8,14 @@ model, extended, so no argument is declared twice.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field
 
 from memmesh.crdt.clock import now_ms
+from memmesh.node.catalogue import CATALOGUE, TOOL_NAMES
 from memmesh.node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, ParamsError, parse
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result, json_text
@@ -146,13 +148,13 @@ class NeighborsArgs(Params):
 @dataclass(frozen=True)
 class Tool:
     args: type[Params]
-    run: Callable[["Node", "Agent", Any], dict[str, Any]]
+    run: Callable[[Node, Agent, Any], dict[str, Any]]
     description: str
 
 
 # Each tool checks the agent's allowed_tools (config.yaml) first: every way of running a tool
 # comes through these functions, so none can skip it.
-def _remember(node: "Node", agent: "Agent", a: RememberArgs) -> dict[str, Any]:
+def _remember(node: Node, agent: Agent, a: RememberArgs) -> dict[str, Any]:
     check_tool(node, agent.name, "remember")
     return node.memory.remember(
         agent, a.key, a.value, a.tags, a.bank, supersedes=a.supersedes, category=a.category,
@@ -161,7 +163,7 @@ def _remember(node: "Node", agent: "Agent", a: RememberArgs) -> dict[str, Any]:
         source=a.source)
 
 
-def _recall(node: "Node", agent: "Agent", a: RecallArgs, include_superseded: bool = False,
+def _recall(node: Node, agent: Agent, a: RecallArgs, include_superseded: bool = False,
             count: bool = True) -> dict[str, Any]:
     check_tool(node, agent.name, "recall")
     out = {"memories": [], "count": 0, "bank": a.bank or agent.name, "message": "", "warnings": []}
@@ -179,25 +181,26 @@ def _recall(node: "Node", agent: "Agent", a: RecallArgs, include_superseded: boo
     return out
 
 
-def _list_banks(node: "Node", agent: "Agent", a: NoParams) -> dict[str, Any]:
+def _list_banks(node: Node, agent: Agent, a: NoParams) -> dict[str, Any]:
     check_tool(node, agent.name, "list_memory_banks")
     return node.memory.list_banks(agent)
 
 
-def _neighbors(node: "Node", agent: "Agent", a: NeighborsArgs) -> dict[str, Any]:
+def _neighbors(node: Node, agent: Agent, a: NeighborsArgs) -> dict[str, Any]:
     check_tool(node, agent.name, "neighbors")
     return node.memory.neighbors(agent, a.key, a.bank, a.types, a.depth)
 
 
-TOOLS: dict[str, Tool] = {
-    "remember": Tool(RememberArgs, _remember, "Store a memory in the agent's own memory or in a bank."),
-    "recall": Tool(RecallArgs, _recall, "Search memories by words and meaning, optionally filtered by tags."),
-    "list_memory_banks": Tool(NoParams, _list_banks,
-                              "List the banks this agent can use (itself first), with its permission on each."),
-    "neighbors": Tool(NeighborsArgs, _neighbors,
-                      "List the memories linked to one memory by typed edges, both ways (its links and "
-                      "backlinks), across the banks this agent can read."),
+# What runs each tool of the catalogue (node/catalogue.py: names, descriptions, hints).
+_RUNS: dict[str, tuple[type[Params], Callable[[Node, Agent, Any], dict[str, Any]]]] = {
+    "remember": (RememberArgs, _remember),
+    "recall": (RecallArgs, _recall),
+    "list_memory_banks": (NoParams, _list_banks),
+    "neighbors": (NeighborsArgs, _neighbors),
 }
+if set(_RUNS) != set(TOOL_NAMES):
+    raise RuntimeError(f"the tools run here {sorted(_RUNS)} are not the catalogue's {sorted(TOOL_NAMES)}")
+TOOLS: dict[str, Tool] = {t.name: Tool(*_RUNS[t.name], t.description) for t in CATALOGUE}
 
 
 class ToolCall(Params):
@@ -211,8 +214,10 @@ def _tool_result(data: dict[str, Any]) -> Result:
     return Result(data, json_text(data), list(data.get("warnings", [])))
 
 
-@command("tool", ToolCall, "run an agent tool: remember, recall, list_memory_banks or neighbors")
-def tool(node: "Node", p: ToolCall) -> Result:
+# One route per tool: POST /v1/agents/{agent}/tools/<tool>, the body the tool's arguments (node/api/routes.py).
+@command("tool", ToolCall, f"run an agent tool: {', '.join(TOOL_NAMES[:-1])} or {TOOL_NAMES[-1]}",
+         http=("POST", "/v1/agents/{agent}/tools/{tool}"))
+def tool(node: Node, p: ToolCall) -> Result:
     spec = TOOLS[p.tool]
     args = parse(spec.args, p.args, p.tool)
     return _tool_result(spec.run(node, node.agents.agent(p.agent), args))
@@ -222,8 +227,9 @@ class Remember(RememberArgs, AgentParams):
     pass
 
 
-@command("remember", Remember, "store a memory (shortcut for the remember tool)")
-def remember(node: "Node", p: Remember) -> Result:
+# Operator shortcuts: not routed, the tool routes are the API's one way to remember and recall.
+@command("remember", Remember, "store a memory (shortcut for the remember tool)", http=None)
+def remember(node: Node, p: Remember) -> Result:
     return _tool_result(_remember(node, node.agents.agent(p.agent), p))
 
 
@@ -235,8 +241,8 @@ class Recall(RecallArgs, AgentParams):
         description="do not count this recall in the memories' access counts")] = False
 
 
-@command("recall", Recall, "search memories (shortcut for the recall tool)")
-def recall(node: "Node", p: Recall) -> Result:
+@command("recall", Recall, "search memories (shortcut for the recall tool)", http=None)
+def recall(node: Node, p: Recall) -> Result:
     data = _recall(node, node.agents.agent(p.agent), p, include_superseded=p.include_superseded,
                    count=not p.no_count)
     return Result(data, render_memories(data), list(data.get("warnings", [])))
@@ -272,8 +278,9 @@ class AutoRecall(AgentParams):
                     "default: this node's clock")] = None
 
 
-@command("autorecall", AutoRecall, "print the Relevant Memories block for the last messages")
-def autorecall(node: "Node", p: AutoRecall) -> Result:
+@command("autorecall", AutoRecall, "print the Relevant Memories block for the last messages",
+         http=("POST", "/v1/agents/{agent}/autorecall"))
+def autorecall(node: Node, p: AutoRecall) -> Result:
     text, lines, left_out, missing = node.memory.auto_recall_result(
         node.agents.agent(p.agent), p.messages, p.session, count=not p.no_count, context_window=p.context_window,
         now=None if p.now is None else check_time("now", p.now))

@@ -21,7 +21,7 @@ class MemoryStats(Params):
 
 @command("memory.stats", MemoryStats, "the most and least used memories of a bank (access counts on this node)",
          read_only=True)
-def memory_stats(node: "Node", p: MemoryStats) -> Result:
+def memory_stats(node: Node, p: MemoryStats) -> Result:
     ref = node.agents.resolve(p.bank)
     counts = node.memory.access.of_database(ref.db.id)
     # Current memories only: a key's count follows the key, whichever row is current now.

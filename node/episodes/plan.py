@@ -118,7 +118,8 @@ def _fit(sections: Sequence[tuple[str, Sequence[tuple[str, str]]]], max_chars: i
     """The block of the lines that fit, in order; (text, ids of the lines shown, lines left out)."""
     head = f"{HEADING}\n\n{FRAME}\n\n"
     total = sum(len(lines) for _, lines in sections)
-    out, shown = [head], []
+    out = [head]
+    shown: list[str] = []
     used = len(head)
     stopped = False
     for title, lines in sections:

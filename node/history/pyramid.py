@@ -17,8 +17,8 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from .record import BATCH, SPAN, Turn, chunk_id
 from .summary import summarise

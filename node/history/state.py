@@ -19,15 +19,26 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from memmesh.crdt.database import Database, Rebuilt, RowRecord, RowsAdded
 from memmesh.node.memory.bm25 import InvertedIndex
 from memmesh.node.memory.tokens import tokenize
 
 from .pyramid import Pyramid, SessionIndex, Span, summarise_level1, summarise_level2
-from .record import CHUNKS_STORE, HISTORY_STORE, STORES, TEXT_STORE, Chunk, Turn, decompress, parse_chunk, parse_text, parse_turn
+from .record import (
+    CHUNKS_STORE,
+    HISTORY_STORE,
+    STORES,
+    TEXT_STORE,
+    Chunk,
+    Turn,
+    decompress,
+    parse_chunk,
+    parse_text,
+    parse_turn,
+)
 
 __all__ = ["ChunkRows", "HistoryState", "state_of"]
 
@@ -249,7 +260,7 @@ class HistoryState:
         self._put(("chunk", chunk_id), tokenize(" ".join(parts)))
 
 
-_STATES: "weakref.WeakKeyDictionary[Database, HistoryState]" = weakref.WeakKeyDictionary()
+_STATES: weakref.WeakKeyDictionary[Database, HistoryState] = weakref.WeakKeyDictionary()
 _STATES_LOCK = threading.Lock()
 
 

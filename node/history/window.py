@@ -24,15 +24,15 @@ counted, never exceeds the budget.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 from .pyramid import Pyramid, Span
 from .record import Turn
 
 __all__ = ["Window", "WindowItem", "build_window", "summary_line", "turn_line"]
 
-Item = Union[Turn, Span]
+Item = Turn | Span
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +110,11 @@ def build_window(p: Pyramid, turn_text: Callable[[Turn], str | None], summary: C
 
     def refine_newest(items: list[Item]) -> list[Item]:
         """Step 4 for the newest chunk: its children (the newest that fit), then older items."""
-        j = max((k for k, x in enumerate(items) if isinstance(x, Span)), default=None)
-        if j is None:
+        newest = next(((k, x) for k, x in reversed(list(enumerate(items))) if isinstance(x, Span)), None)
+        if newest is None:
             return items
-        finer = shown(children(items[j]))  # type: ignore[arg-type]
+        j, chunk = newest
+        finer = shown(children(chunk))
         new = list(items[j + 1:])
         total = cost(new)
         taken = 0
@@ -137,15 +138,16 @@ def build_window(p: Pyramid, turn_text: Callable[[Turn], str | None], summary: C
     def newest_chunk(items: list[Item]) -> tuple[Span | None, bool]:
         """The newest chunk of the window, and whether a raw turn follows it."""
         for k in range(len(items) - 1, -1, -1):
-            if isinstance(items[k], Span):
-                return items[k], k < len(items) - 1  # type: ignore[return-value]
+            item = items[k]
+            if isinstance(item, Span):
+                return item, k < len(items) - 1
         return None, True
 
-    x, _ = newest_chunk(items)
-    if x is not None and x.level == 2:
+    chunk, _ = newest_chunk(items)
+    if chunk is not None and chunk.level == 2:
         items = refine_newest(items)
-    x, raw_after = newest_chunk(items)
-    if x is not None and not raw_after:
+    chunk, raw_after = newest_chunk(items)
+    if chunk is not None and not raw_after:
         items = refine_newest(items)
     used = cost(items)
     i = len(items) - 1

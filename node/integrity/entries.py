@@ -33,8 +33,7 @@ from memmesh.auth.keys import public_key_str
 from memmesh.crdt.database import Database
 from memmesh.crdt.entry import Entry, decode_entry, decode_many, id_of
 from memmesh.crdt.errors import EntryRejected, MemmeshError, StorageError
-from memmesh.crdt.storage import (Aside, DamagedRecord, PendingRecord, Storage, StoredEntry, check_name,
-                          freeze_payloads)
+from memmesh.crdt.storage import Aside, DamagedRecord, PendingRecord, Storage, StoredEntry, check_name, freeze_payloads
 from memmesh.node.integrity.report import Problem
 
 BATCH = 2048  # entries per decode_many call (and per progress event)
@@ -93,6 +92,8 @@ def header_fields(header: bytes) -> tuple[str | None, int | None]:
 
 
 def _problem(code: str, detail: str, stored: StoredEntry, entry: Entry | None = None, **kw: Any) -> Problem:
+    author: str | None
+    seq: int | None
     if entry is not None:
         author, seq = entry.author_key, entry.seq
     else:
@@ -225,7 +226,7 @@ def _orphans(out: Verified, unresolved: dict[str, set[str]], fields_of: dict[str
         return found
 
     named: dict[str, int] = {}  # absent parent -> how many entries name it
-    for entry_id, need in unresolved.items():
+    for need in unresolved.values():
         for p in need:
             if p not in order:
                 named[p] = named.get(p, 0) + 1
@@ -270,7 +271,7 @@ class SoundView(Storage):
         if not nulls:
             return stored
         payloads = dict(stored.payloads)
-        payloads.update({s: None for s in nulls})
+        payloads.update(dict.fromkeys(nulls))
         return StoredEntry(stored.id, stored.header, freeze_payloads(payloads))
 
     def _refuse(self, *args: object, **kwargs: object) -> Any:
@@ -355,8 +356,9 @@ def intact_copy(stored: StoredEntry) -> StoredEntry:
     payloads = {}
     for store, data in stored.payloads.items():
         desc = entry.stores.get(store)
-        ok = desc is not None and data is not None and len(data) == desc.length
-        payloads[store] = data if ok and hashlib.sha256(data).digest() == desc.sha256 else None
+        ok = (desc is not None and data is not None and len(data) == desc.length
+              and hashlib.sha256(data).digest() == desc.sha256)
+        payloads[store] = data if ok else None
     return StoredEntry(stored.id, stored.header, freeze_payloads(payloads))
 
 

@@ -236,8 +236,7 @@ def _database_lines(d: DatabaseReport) -> list[str]:
     pending = f", {d.pending:,} pending" if d.pending else ""
     lines = [f"{named}: {d.entries:,} entries{pending}: {status}"]
     shown = [p for p in d.problems if p.code != "entry.orphaned"]
-    for p in shown[:20]:
-        lines.append(f"  {p.line()}")
+    lines.extend(f"  {p.line()}" for p in shown[:20])
     if len(shown) > 20:
         lines.append(f"  ... and {len(shown) - 20} more (--json lists them all)")
     orphans = [p for p in d.problems if p.code == "entry.orphaned"]
@@ -272,10 +271,11 @@ def _database_lines(d: DatabaseReport) -> list[str]:
             lines.append(f"  repair: the database does not open: {r.error}")
         if r.lost:
             lines.append(f"  LOST ({len(r.lost)}): no peer gave them back")
-            for x in r.lost[:20]:
-                who = ", ".join(p for p in (x.author and f"author {x.author}", x.seq is not None and f"seq {x.seq}",
-                                            x.store and f"payload {x.store}") if p)
-                lines.append(f"    {x.entry}" + (f" ({who})" if who else "") + f": {x.why}")
+            for lost in r.lost[:20]:
+                who = ", ".join(p for p in (lost.author and f"author {lost.author}",
+                                            lost.seq is not None and f"seq {lost.seq}",
+                                            lost.store and f"payload {lost.store}") if p)
+                lines.append(f"    {lost.entry}" + (f" ({who})" if who else "") + f": {lost.why}")
             if len(r.lost) > 20:
                 lines.append(f"    ... and {len(r.lost) - 20} more (--json lists them all)")
         if r.fenced:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from memmesh.crdt.clock import now_ms
 from memmesh.crdt.entry import decode_entry
 from memmesh.crdt.errors import MemmeshError, StorageError
-from memmesh.crdt.storage import Storage
+from memmesh.crdt.storage import Storage, StoredEntry
 from memmesh.node.integrity.entries import Rebuilt, Verified, intact_copy, rebuild, sound_order, verify
 from memmesh.node.integrity.keys import KeyCheck, Named, registry_records
 from memmesh.node.integrity.report import DatabaseRepair, DatabaseReport, Lost, Problem, Report, StorageReport
@@ -39,7 +39,8 @@ from memmesh.node.integrity.salvage import SalvageError, salvage
 from memmesh.node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage
 
 if TYPE_CHECKING:
-    from memmesh.node.library import Node
+    from memmesh.node.core_node import CoreNode
+    from memmesh.node.sync.host import SyncHost
 
 EventSink = Callable[[dict[str, Any]], None]
 STORAGE_FILE = "node.sqlite"  # node.home.STORAGE_FILE
@@ -65,6 +66,12 @@ class _Found:
     found: Verified
     rebuilt: Rebuilt
     report: DatabaseReport
+
+    @property
+    def repair(self) -> DatabaseRepair:
+        """What the repair did to this database: set for every database before any healing."""
+        assert self.report.repair is not None
+        return self.report.repair
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -117,7 +124,7 @@ def check_home(home: Path | str, *, repair: bool = False, events: EventSink | No
         report.seconds = time.monotonic() - started
 
 
-def check_open(node: "Node", *, events: EventSink | None = None) -> Report:
+def check_open(node: SyncHost, *, events: EventSink | None = None) -> Report:
     """Verify a home that ``node`` holds open (serve): a snapshot of its storage, read on a
     worker thread, so that the database thread goes on serving while the check runs."""
     home = Path(node.home)
@@ -235,8 +242,8 @@ def _check_storage(home: Path, storage: SqliteStorage, report: Report, keys: Key
         named, local_problems = [], [Problem("local.damaged", f"the peer-local records cannot be read: {exc}")]
     report.local = local_problems
     names: dict[str, Named] = {}
-    for rec in named:
-        names.setdefault(rec.db_id, rec)
+    for record in named:
+        names.setdefault(record.db_id, record)
     out: dict[str, _Found] = {}
     for db_id in known:
         rec = names.get(db_id)
@@ -314,24 +321,24 @@ def _needs_peers(f: _Found) -> bool:
 
 
 def _heal(home: Path, storage: SqliteStorage, keys: KeyCheck, lock_fd: int | None, found: dict[str, _Found],
-          report: Report, events: EventSink | None) -> "Node":
+          report: Report, events: EventSink | None) -> CoreNode:
     """Rebuild each database for real, fetch what is missing from its peers, apply orphans
     again, and say what was recovered and what was lost. Returns the node (the caller closes
     it), which owns ``storage`` and ``lock_fd`` from here on."""
     from memmesh.auth.keys import SigningKey
-    from memmesh.node.library import Node
+    from memmesh.node.core_node import CoreNode
     from memmesh.node.sync.oneshot import sync_now
 
     peer_key = keys.peer_key
-    node = Node(home, storage, peer_key if peer_key is not None else SigningKey.generate(), lock_fd)
+    node = CoreNode(home, storage, peer_key if peer_key is not None else SigningKey.generate(), lock_fd)
     dbs = {}
     for db_id, f in found.items():
         try:
             dbs[db_id] = node.database(db_id)  # the derived state, rebuilt from the log as repaired
         except MemmeshError as exc:
-            f.report.repair.error = str(exc)
+            f.repair.error = str(exc)
             continue
-        f.report.repair.erased = sum(p.code == "erase.not_applied" for p in f.report.problems)
+        f.repair.erased = sum(p.code == "erase.not_applied" for p in f.report.problems)
     wanted = [d for d in dbs if _needs_peers(found[d])]
     peers_of = {d: node.sync.peers.peers(d) for d in wanted} if wanted else {}
     fetch = [d for d in wanted if peers_of[d]]
@@ -353,22 +360,22 @@ def _heal(home: Path, storage: SqliteStorage, keys: KeyCheck, lock_fd: int | Non
                     "unit": "database"})
         for x in exchanges:
             if x["db"] in found:
-                found[x["db"]].report.repair.exchanges.append(x)
+                found[x["db"]].repair.exchanges.append(x)
         for d in fetch:
-            tried = found[d].report.repair.exchanges
+            tried = found[d].repair.exchanges
             if tried and not any(x["ok"] for x in tried):
                 why_not[d] = "its peers could not be reached (" + "; ".join(x["error"] for x in tried) + ")"
             else:
                 why_not[d] = "no peer gave it back"
     for db_id, db in dbs.items():
-        _reapply_orphans(storage, db, found[db_id].report.repair)
+        _reapply_orphans(storage, db, found[db_id].repair)
         _account(db, found[db_id], why_not.get(db_id, "no peer gave it back"))
         found[db_id].report.aside = [_aside(r) for r in storage.damaged(db_id)]
     _fence_lost(node, dbs, found, keys)
     return node
 
 
-def _fence_lost(node: "Node", dbs: dict[str, Any], found: dict[str, _Found], keys: KeyCheck) -> None:
+def _fence_lost(node: SyncHost, dbs: dict[str, Any], found: dict[str, _Found], keys: KeyCheck) -> None:
     """A write fence (node/fence.py) on each database that lost whole entries signed by a key of
     this home (or whose author could not be read), if another node may hold them: the next
     write would reuse their feed positions. A lost payload leaves its entry, and the feed, in place."""
@@ -377,7 +384,7 @@ def _fence_lost(node: "Node", dbs: dict[str, Any], found: dict[str, _Found], key
     own = {str(k.public) for k in keys.loaded.values()}
     new = []
     for db_id, f in found.items():
-        repair = f.report.repair
+        repair = f.repair
         lost: dict[str, int] = {}
         unknown = False
         for x in repair.lost:
@@ -404,11 +411,13 @@ def _reapply_orphans(storage: Storage, db: Any, repair: DatabaseRepair) -> None:
     orphans = [r.id for r in storage.damaged(db.id) if r.reason == "entry.orphaned"]
     if not orphans:
         return
-    present = lambda entry_id: db.entry(entry_id) is not None  # noqa: E731
+    def present(entry_id: str) -> bool:
+        return db.entry(entry_id) is not None
+
     back = [i for i in orphans if present(i)]
     rest = [i for i in orphans if not present(i)]
     # An orphan's own payload may be damaged too: it goes back as not received (sync fills it).
-    copies = {i: intact_copy(storage.get_damaged(db.id, i)) for i in rest}
+    copies = {i: _intact_damaged(storage, db.id, i) for i in rest}
     ready = sound_order(rest, lambda i: _parents(copies[i].header), present)
     for start in range(0, len(ready), REAPPLY_BATCH):  # in causal order: a batch's parents are stored
         db.ingest([(copies[i].header, dict(copies[i].payloads)) for i in ready[start:start + REAPPLY_BATCH]],
@@ -417,11 +426,19 @@ def _reapply_orphans(storage: Storage, db: Any, repair: DatabaseRepair) -> None:
     storage.drop_damaged(db.id, back + repair.reapplied)
 
 
+def _intact_damaged(storage: Storage, db_id: str, entry_id: str) -> StoredEntry:
+    stored = storage.get_damaged(db_id, entry_id)
+    assert stored is not None  # storage.damaged listed it a moment ago, on this thread
+    return intact_copy(stored)
+
+
 def _account(db: Any, f: _Found, why_not: str) -> None:
     """What came back and what is lost, per entry and payload the repair took out."""
-    repair = f.report.repair
+    repair = f.repair
     v = f.found
-    present = lambda entry_id: db.entry(entry_id) is not None  # noqa: E731
+    def present(entry_id: str) -> bool:
+        return db.entry(entry_id) is not None
+
     for found, why in ((v.damaged, lambda p: f"damaged ({p.code}); {why_not}"),
                        (v.absent, lambda p: f"not stored although stored entries name it; {why_not}"),
                        (v.orphans, lambda p: f"{p.detail}: kept aside, it cannot be applied without it")):

@@ -60,11 +60,11 @@ _ROWID_TABLES = {
     "damaged": ("seq", "db", "id", "header", "size", "origin", "reason", "detail", "moved", "stores"),
 }
 # Child tables: (table, the column naming the parent row, the other columns).
-_CHILDREN = {
-    "entries": ("payloads", "entry", ("store", "data")),
+_CHILDREN: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {  # (table, parent column, columns)
+    "entries": [("payloads", "entry", ("store", "data"))],
     "pending": [("pending_payloads", "pending", ("store", "data")),
                 ("pending_missing", "pending", ("position", "parent"))],
-    "damaged": ("damaged_payloads", "damaged", ("store", "data")),
+    "damaged": [("damaged_payloads", "damaged", ("store", "data"))],
 }
 _DEFAULTS = {"author": "", "source": "", "received": 0, "stores": "[]"}  # columns an old file lacks
 # Text columns: read as bytes and decoded here, so that damaged UTF-8 loses one row, not the scan.
@@ -361,6 +361,7 @@ def _copy(reader: _Reader, out: sqlite3.Connection, report: Salvaged) -> None:
             return None
         if db_id not in db_key:
             seq = out.execute("INSERT INTO databases (db_id) VALUES (?)", (db_id,)).lastrowid
+            assert seq is not None  # an INSERT always sets it
             out.execute("INSERT INTO pending_totals (db, count, bytes) VALUES (?, 0, 0)", (seq,))
             db_key[db_id], by_seq[seq] = seq, db_id
         return db_key[db_id]
@@ -392,8 +393,7 @@ def _copy(reader: _Reader, out: sqlite3.Connection, report: Salvaged) -> None:
             report.rows += 1
         if failed:
             report.unreadable[table] = failed
-        kids = _CHILDREN[table]
-        for child, parent_col, child_cols in (kids if isinstance(kids, list) else [kids]):
+        for child, parent_col, child_cols in _CHILDREN[table]:
             found, lost = reader.children(child, parent_col, child_cols, copied)
             taken = set(copied)
             for parent, child_rows in found.items():

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Literal
 
 from memmesh.crdt.errors import StorageError
 from memmesh.crdt.storage import Storage
@@ -50,7 +51,7 @@ class Access:
     def count(self) -> int:
         return self.recalls + self.injections
 
-    def used(self, use: Use, now: int) -> "Access":
+    def used(self, use: Use, now: int) -> Access:
         if use == "recall":
             return Access(self.recalls + 1, self.injections, now)
         return Access(self.recalls, self.injections + 1, now)

@@ -68,18 +68,13 @@ Data layout (no full scan per query, no per-token Python objects beyond the voca
   (:func:`node.memory.fusion.rank_candidates`). The per-slot length norm
   ``k1 * ((1 - b) + b * (dl / avgdl))`` is cached until the next mutation.
 
-Subsets (:class:`Subset`): a subset of the documents with its own statistics (N, df, avgdl),
-scored over the shared postings exactly as an index of those documents alone would score them.
-A memory view indexes every row once and ranks current rows through the subset of them.
+Subsets of the documents with their own statistics: node/memory/bm25_subset.py.
 
 Not thread-safe: callers serialise access (one writer or reader at a time).
 """
-
 from __future__ import annotations
 
-import ctypes
 import math
-import sys
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -88,89 +83,21 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import EMPTY_I64, MIN_CAP, as_doc_id, group_order, grown, resized, tf_dtype
+from .bm25_subset import Subset
 from .fusion import _check_limit, rank_candidates
+from .heap import release_freed_memory
 
 __all__ = ["B", "K1", "InvertedIndex", "Subset"]
 
 K1 = 1.5
 B = 0.75
 
-_MIN_CAP = 4
 _COMPACT_MIN_DEAD = 1024
 _MERGE_MIN = 4096  # tail postings tolerated before the main postings are rebuilt ...
 _MERGE_FRACTION = 8  # ... and more than this fraction (1/8) of the main part
 _BULK_DOCS = 4096  # documents tokenised and mapped to ids per step of add_many
-_EMPTY_I64 = np.empty(0, dtype=np.int64)
 _STR = {str}
-
-
-def _libc_malloc_trim() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc; absent elsewhere (musl)
-    except (AttributeError, OSError):
-        return None
-
-
-_malloc_trim = _libc_malloc_trim()
-
-
-def _release_freed_memory() -> None:
-    """Give heap pages freed by a bulk step back to the OS (glibc ``malloc_trim``).
-
-    glibc keeps freed heap memory below the last live allocation. Measured at 100k
-    memories: a view rebuild (which decodes every row, ~150 MiB of vector bytes alone, and
-    frees it) left ~300 MiB more resident without it (``malloc_trim`` took ~16 ms); the
-    merges of a one-by-one-built index (temporaries of ~13 MiB each) left ~80 MiB more.
-    Used by this module after merges and compaction, and by :mod:`node.memory.view` after
-    a rebuild. A no-op where there is no glibc.
-    """
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-def _grown(arr: np.ndarray, need: int) -> np.ndarray:
-    """A copy of ``arr`` with room for ``need`` items (capacity grows by 1.5x)."""
-    cap = max(_MIN_CAP, len(arr))
-    while cap < need:
-        cap += cap // 2
-    return _resized(arr, cap)
-
-
-def _resized(arr: np.ndarray, cap: int) -> np.ndarray:
-    new = np.empty(cap, dtype=arr.dtype)
-    n = min(len(arr), cap)
-    new[:n] = arr[:n]
-    return new
-
-
-def _tf_dtype(max_tf: int) -> type:
-    """The narrowest type holding every tf exactly (scored as float64, an exact conversion)."""
-    for dtype in (np.uint8, np.uint16, np.uint32):
-        if max_tf <= np.iinfo(dtype).max:
-            return dtype
-    return np.float64
-
-
-def _as_doc_id(doc_id: Any) -> int:
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (int, np.integer)):
-        raise TypeError(f"doc_id must be an int, got {type(doc_id).__name__}")
-    return int(doc_id)
-
-
-def _group_order(keys: np.ndarray) -> np.ndarray:
-    """Indexes sorting ``keys`` (int64 >= 0) stably: equal keys keep their input order."""
-    n = len(keys)
-    if n == 0:
-        return _EMPTY_I64
-    top = int(keys.max())
-    if top < (2**62) // n:
-        # One plain sort of (key, position) packed in an int64: faster than a stable argsort.
-        packed = keys * n + np.arange(n, dtype=np.int64)
-        packed.sort()
-        return packed % n
-    return np.argsort(keys, kind="stable")
 
 
 class InvertedIndex:
@@ -184,20 +111,20 @@ class InvertedIndex:
         self._df: list[int] = []  # live document frequency
         # Main postings (CSR): token id t < len(_offs) - 1 owns [_offs[t], _offs[t + 1]).
         self._offs = np.zeros(1, dtype=np.int64)
-        self._c_slot = _EMPTY_I64
+        self._c_slot = EMPTY_I64
         self._c_tf: np.ndarray = np.empty(0, dtype=np.uint8)
         # Tail postings (added since the main part was built): token id -> (slots, tf).
         self._tail: dict[int, array] = {}  # interleaved slot, tf, slot, tf, ... (int64)
         self._n_tail = 0
         self._doc_slot: dict[int, int] = {}
         self._n_slots = 0
-        self._slot_doc = np.empty(_MIN_CAP, dtype=np.int64)
-        self._slot_len = np.empty(_MIN_CAP, dtype=np.float64)
-        self._alive = np.zeros(_MIN_CAP, dtype=bool)
-        self._fwd_start = np.empty(_MIN_CAP, dtype=np.int64)
-        self._fwd_count = np.empty(_MIN_CAP, dtype=np.int32)
-        self._fwd_tok = np.empty(_MIN_CAP, dtype=np.int32)
-        self._fwd_tf = np.empty(_MIN_CAP, dtype=np.int32)
+        self._slot_doc = np.empty(MIN_CAP, dtype=np.int64)
+        self._slot_len = np.empty(MIN_CAP, dtype=np.float64)
+        self._alive = np.zeros(MIN_CAP, dtype=bool)
+        self._fwd_start = np.empty(MIN_CAP, dtype=np.int64)
+        self._fwd_count = np.empty(MIN_CAP, dtype=np.int32)
+        self._fwd_tok = np.empty(MIN_CAP, dtype=np.int32)
+        self._fwd_tf = np.empty(MIN_CAP, dtype=np.int32)
         self._fwd_n = 0
         self._n_live = 0
         self._n_dead = 0
@@ -242,7 +169,7 @@ class InvertedIndex:
     def _reserve_slots(self, need: int, exact: bool = False) -> None:
         if need <= len(self._slot_doc):
             return
-        grow = (lambda a: _resized(a, need)) if exact else (lambda a: _grown(a, need))
+        grow = (lambda a: resized(a, need)) if exact else (lambda a: grown(a, need))
         self._slot_doc = grow(self._slot_doc)
         self._slot_len = grow(self._slot_len)
         alive = np.zeros(len(self._slot_doc), dtype=bool)
@@ -254,13 +181,13 @@ class InvertedIndex:
     def _reserve_fwd(self, need: int, exact: bool = False) -> None:
         if need <= len(self._fwd_tok):
             return
-        grow = (lambda a: _resized(a, need)) if exact else (lambda a: _grown(a, need))
+        grow = (lambda a: resized(a, need)) if exact else (lambda a: grown(a, need))
         self._fwd_tok = grow(self._fwd_tok)
         self._fwd_tf = grow(self._fwd_tf)
 
     def add(self, doc_id: int, tokens: Sequence[str]) -> None:
         """Index a document. ``doc_id`` must not be present (remove it first)."""
-        doc_id = _as_doc_id(doc_id)
+        doc_id = as_doc_id(doc_id)
         if doc_id in self._doc_slot:
             raise ValueError(f"doc_id {doc_id} is already indexed")
         if isinstance(tokens, str):
@@ -307,7 +234,7 @@ class InvertedIndex:
         self._n_tail += ntok
         if self._n_tail > _MERGE_MIN and self._n_tail * _MERGE_FRACTION > len(self._c_slot):
             self._rebuild_postings()
-            _release_freed_memory()
+            release_freed_memory()
 
     def add_many(self, docs: Iterable[tuple[int, Sequence[str]]]) -> None:
         """Index many documents at once: searches then answer as after ``add`` of each in turn.
@@ -330,7 +257,7 @@ class InvertedIndex:
         while chunk := list(islice(it, _BULK_DOCS)):
             lists: list[Sequence[str]] = []
             for doc_id, tokens in chunk:
-                ids.append(_as_doc_id(doc_id))
+                ids.append(as_doc_id(doc_id))
                 if isinstance(tokens, str):
                     raise TypeError("tokens must be a sequence of tokens, not a string")
                 lists.append(tokens if isinstance(tokens, (list, tuple)) else list(tokens))
@@ -375,13 +302,13 @@ class InvertedIndex:
                 e_doc, e_tok = np.divmod(pairs[first], n_tok)
                 e_tf = np.diff(np.append(first, len(pairs)))
             else:
-                e_doc = e_tok = e_tf = _EMPTY_I64
+                e_doc = e_tok = e_tf = EMPTY_I64
         else:  # pragma: no cover - needs ~2**31 documents x tokens
             order = np.lexsort((tids, doc_of))
-            d, t = doc_of[order], tids[order]
-            first = np.flatnonzero(np.concatenate(([True], (d[1:] != d[:-1]) | (t[1:] != t[:-1]))))
-            e_doc, e_tok = d[first], t[first]
-            e_tf = np.diff(np.append(first, len(d)))
+            docs, toks = doc_of[order], tids[order]
+            first = np.flatnonzero(np.concatenate(([True], (docs[1:] != docs[:-1]) | (toks[1:] != toks[:-1]))))
+            e_doc, e_tok = docs[first], toks[first]
+            e_tf = np.diff(np.append(first, len(docs)))
         per_doc = np.bincount(e_doc, minlength=n)
         df = np.bincount(e_tok, minlength=n_tok)
         df[:first_tid] += np.asarray(self._df, dtype=np.int64)
@@ -412,7 +339,7 @@ class InvertedIndex:
 
     def remove(self, doc_id: int) -> None:
         """Remove a document (KeyError if absent). Its postings become tombstones."""
-        doc_id = _as_doc_id(doc_id)
+        doc_id = as_doc_id(doc_id)
         slot = self._doc_slot[doc_id]
         if any(sub._has_slot(slot) for sub in self._subsets):
             raise ValueError(f"doc_id {doc_id} is in a subset: remove it from the subset first")
@@ -445,9 +372,9 @@ class InvertedIndex:
         """Main postings from entries (token id, tf, slot) listed in slot order."""
         n_tok = len(self._tokens)
         tok = tok.astype(np.int64)
-        order = _group_order(tok)  # stable: slots stay ascending within each token
+        order = group_order(tok)  # stable: slots stay ascending within each token
         self._c_slot = entry_slot[order]
-        self._c_tf = tf[order].astype(_tf_dtype(int(tf.max()) if len(tf) else 0))
+        self._c_tf = tf[order].astype(tf_dtype(int(tf.max()) if len(tf) else 0))
         offs = np.zeros(n_tok + 1, dtype=np.int64)
         np.cumsum(np.bincount(tok, minlength=n_tok), out=offs[1:])
         self._offs = offs
@@ -478,16 +405,16 @@ class InvertedIndex:
         if n_live:
             np.cumsum(live_counts[:-1], out=starts[1:])
 
-        cap = max(_MIN_CAP, n_live)
-        self._slot_doc = _resized(self._slot_doc[live_slots], cap)
-        self._slot_len = _resized(self._slot_len[live_slots], cap)
+        cap = max(MIN_CAP, n_live)
+        self._slot_doc = resized(self._slot_doc[live_slots], cap)
+        self._slot_len = resized(self._slot_len[live_slots], cap)
         self._alive = np.zeros(cap, dtype=bool)
         self._alive[:n_live] = True
-        self._fwd_start = _resized(starts, cap)
-        self._fwd_count = _resized(live_counts, cap)
-        fcap = max(_MIN_CAP, len(fwd_tok))
-        self._fwd_tok = _resized(fwd_tok, fcap)
-        self._fwd_tf = _resized(fwd_tf, fcap)
+        self._fwd_start = resized(starts, cap)
+        self._fwd_count = resized(live_counts, cap)
+        fcap = max(MIN_CAP, len(fwd_tok))
+        self._fwd_tok = resized(fwd_tok, fcap)
+        self._fwd_tf = resized(fwd_tf, fcap)
         self._fwd_n = len(fwd_tok)
         self._tokens = tokens
         self._vocab = {t: i for i, t in enumerate(tokens)}
@@ -499,7 +426,7 @@ class InvertedIndex:
         self._set_postings(fwd_tok, fwd_tf, np.repeat(np.arange(n_live, dtype=np.int64), live_counts))
         for sub in self._subsets:
             sub._renumbered(live_slots, keep_tok, cap)
-        _release_freed_memory()
+        release_freed_memory()
 
     # ------------------------------------------------------------------ search
     def _norms(self) -> np.ndarray:
@@ -583,145 +510,3 @@ class InvertedIndex:
             keep = mask[ids]
             ids, scores = ids[keep], scores[keep]
         return rank_candidates(ids, scores, limit=limit, allowed=allowed, tiebreak=tiebreak)
-
-
-class Subset:
-    """A subset of an :class:`InvertedIndex`'s documents with its own BM25 statistics.
-
-    Why: a memory view keeps one index over every row (its statistics are the whole
-    history's, for ``as_of`` and ``as_known_at``) and ranks plain recall over the current
-    rows only, with N, df and avgdl of the current rows (docs/memory.md). A second index of the
-    current rows would hold their postings twice; a subset shares the postings and keeps
-    only its own membership, document frequencies, N and total length. Scores of a subset's
-    documents are computed with exactly the operations an index holding only those
-    documents would use (the same idf and length-norm formulas on the same integers, terms
-    added per slot in sorted token order), so they are bit-identical to such an index's.
-
-    Members must be documents of the index; a member cannot be removed from the index
-    (remove it from the subset first). Compaction of the index renumbers the subset too.
-    """
-
-    def __init__(self, index: InvertedIndex) -> None:
-        self._index = index
-        self._in = np.zeros(_MIN_CAP, dtype=bool)  # per slot of the index
-        self._df: list[int] = []  # per token id of the index; shorter: zero beyond
-        self._n = 0
-        self._total = 0
-        self._norm: np.ndarray | None = None
-        index._subsets.append(self)
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __contains__(self, doc_id: object) -> bool:
-        slot = self._index._doc_slot.get(doc_id)  # type: ignore[arg-type]
-        return slot is not None and self._has_slot(slot)
-
-    @property
-    def avgdl(self) -> float:
-        return self._total / self._n if self._n else 0.0
-
-    def df(self, token: str) -> int:
-        tid = self._index._vocab.get(token)
-        return 0 if tid is None or tid >= len(self._df) else self._df[tid]
-
-    def _check_owner(self, index: InvertedIndex) -> None:
-        if index is not self._index:
-            raise ValueError("a subset is scored only by the index it belongs to")
-
-    def _has_slot(self, slot: int) -> bool:
-        return slot < len(self._in) and bool(self._in[slot])
-
-    def _room(self) -> None:
-        ix = self._index
-        if len(self._in) < ix._n_slots:
-            grown = np.zeros(len(ix._alive), dtype=bool)
-            grown[: len(self._in)] = self._in
-            self._in = grown
-        if len(self._df) < len(ix._tokens):
-            self._df.extend([0] * (len(ix._tokens) - len(self._df)))
-
-    def _norms(self) -> np.ndarray:
-        if self._norm is None or len(self._norm) != self._index._n_slots:
-            ix = self._index
-            dl = ix._slot_len[: ix._n_slots]
-            avgdl = self._total / self._n
-            self._norm = ix.k1 * ((1.0 - ix.b) + ix.b * (dl / avgdl))
-        return self._norm
-
-    def add(self, doc_id: int) -> None:
-        """Make a document of the index a member (ValueError if it already is one)."""
-        ix = self._index
-        slot = ix._doc_slot[_as_doc_id(doc_id)]
-        self._room()
-        if self._in[slot]:
-            raise ValueError(f"doc_id {doc_id} is already in the subset")
-        start, cnt = int(ix._fwd_start[slot]), int(ix._fwd_count[slot])
-        df = self._df
-        for tid in ix._fwd_tok[start : start + cnt].tolist():
-            df[tid] += 1
-        self._in[slot] = True
-        self._n += 1
-        self._total += int(ix._slot_len[slot])
-        self._norm = None
-
-    def add_many(self, doc_ids: Iterable[int]) -> None:
-        """``add`` of each document, in bulk."""
-        ix = self._index
-        slots = np.fromiter((ix._doc_slot[_as_doc_id(d)] for d in doc_ids), dtype=np.int64)
-        if len(slots) == 0:
-            return
-        self._room()
-        if len(np.unique(slots)) != len(slots) or self._in[slots].any():
-            raise ValueError("a document is already in the subset (or given twice)")
-        counts = ix._fwd_count[slots].astype(np.int64)
-        starts = ix._fwd_start[slots]
-        # The forward entries of the slots, gathered: start + 0..count-1 for each slot.
-        offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        tids = ix._fwd_tok[np.repeat(starts, counts) + offsets]
-        add = np.bincount(tids, minlength=len(ix._tokens))
-        self._df = (np.asarray(self._df, dtype=np.int64) + add).tolist()
-        self._in[slots] = True
-        self._n += len(slots)
-        self._total += int(ix._slot_len[slots].sum())
-        self._norm = None
-
-    def remove(self, doc_id: int) -> None:
-        """Drop a member (KeyError if it is not one)."""
-        ix = self._index
-        slot = ix._doc_slot.get(_as_doc_id(doc_id))
-        if slot is None or not self._has_slot(slot):
-            raise KeyError(doc_id)
-        start, cnt = int(ix._fwd_start[slot]), int(ix._fwd_count[slot])
-        df = self._df
-        for tid in ix._fwd_tok[start : start + cnt].tolist():
-            df[tid] -= 1
-        self._in[slot] = False
-        self._n -= 1
-        self._total -= int(ix._slot_len[slot])
-        self._norm = None
-
-    def _renumbered(self, live_slots: np.ndarray, keep_tok: np.ndarray, cap: int) -> None:
-        """The index compacted: old slot ``live_slots[i]`` is slot i, token ``keep_tok[j]`` is j."""
-        old = self._in
-        self._in = np.zeros(cap, dtype=bool)
-        inside = live_slots[live_slots < len(old)]
-        self._in[: len(inside)] = old[inside]
-        df = np.zeros(len(keep_tok), dtype=np.int64)
-        known = keep_tok < len(self._df)
-        df[known] = np.asarray(self._df, dtype=np.int64)[keep_tok[known]]
-        self._df = df.tolist()
-        self._norm = None
-
-    def search(
-        self,
-        query_tokens: Sequence[str],
-        *,
-        limit: int | None,
-        allowed: Callable[[int], bool] | None = None,
-        tiebreak: Callable[[int], Any] | None = None,
-        mask: np.ndarray | None = None,
-    ) -> list[tuple[int, float]]:
-        """:meth:`InvertedIndex.search` over the members, with the subset's statistics."""
-        return self._index.search(query_tokens, limit=limit, allowed=allowed, tiebreak=tiebreak,
-                                  mask=mask, subset=self)

@@ -41,7 +41,6 @@ from memmesh.node.memory.backlinks import split_target
 from memmesh.node.memory.rows import SUPERSEDES, Memory
 from memmesh.node.memory.timeline import Filters
 from memmesh.node.registry import NameError_, UnknownName
-from memmesh.node.settings import memory_defaults
 
 if TYPE_CHECKING:
     from memmesh.node.memory.agents import Agent
@@ -156,7 +155,7 @@ def neighbors(service: MemoryService, agent: Agent, key: str, bank: str | None,
     """The neighbors tool's result (arguments already checked by its model); ``now``: the
     caller's clock in ms, which only hides facts whose ``valid_to`` has passed."""
     target = service.agents.open_for(agent, bank, "read")  # AuthError when the agent may not read it
-    config = agent_state(agent.db, memory_defaults(service.agents.home)).config
+    config = agent_state(agent.db, service.settings.defaults()).config
     graph = _Graph(service, agent, now, {target.db.id: target.name}, bool(config["include_secrets"]))
     start = Ref(target.db.id, key)
     if graph.current(start) is None:

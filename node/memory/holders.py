@@ -14,7 +14,6 @@ key whatever it is. Local agent names never hold a ``:``, so no label is an agen
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,14 +21,15 @@ from typing import TYPE_CHECKING, Any
 from memmesh.auth.errors import KeyFormatError
 from memmesh.auth.keys import PublicKey
 from memmesh.auth.permissions import KeyState
+from memmesh.crdt.database import Database
 from memmesh.crdt.records import SETTINGS
-from memmesh.node.refusal import ParamsError
 from memmesh.node.memory.agents import Agent, BankRef, Grantee
+from memmesh.node.refusal import ParamsError
 from memmesh.node.registry import NAME_RE, UnknownName
-from memmesh.node.sync.state import NS_INVITES, Invite
 
 if TYPE_CHECKING:
     from memmesh.node.library import Node
+    from memmesh.node.sync.state import Invite
 
 SELF_LABEL = "node:self"
 ROOT_LABEL = "bank:root"
@@ -58,29 +58,22 @@ class Directory:
     """The keys of one bank's world on this node, with their labels (built per command: it
     reads peer-local records that change as the node syncs)."""
 
-    def __init__(self, node: "Node", bank: BankRef) -> None:
+    def __init__(self, node: Node, bank: BankRef) -> None:
         self.node, self.bank = node, bank
         db = bank.db
         self.peer = str(node.peer_key.public)
-        root = db.entry(db.id)
-        self.root = root.author_key if root is not None else None
+        self.root = _root_key(db)
         self.agents: dict[str, str] = {}  # key -> local agent name
-        for rec in node.registry.agents():
-            adb = node.database(rec.db_id)
-            aroot = adb.entry(adb.id)
-            if aroot is not None:
-                self.agents[aroot.author_key] = rec.name
+        for agent in node.registry.agents():
+            agent_root = _root_key(node.database(agent.db_id))
+            if agent_root is not None:
+                self.agents[agent_root] = agent.name
         self.invites: dict[str, Invite] = {}
         self.redeemed: dict[str, str] = {}  # importer key -> the invite key it redeemed
-        for key, raw in node.storage.items_local(NS_INVITES):
-            try:
-                invite = Invite(**json.loads(raw))
-            except (TypeError, ValueError):
-                continue  # a damaged record names no key here; `memmesh check` reports damage
-            if invite.db == db.id:
-                self.invites[key] = invite
-                if invite.used_by:
-                    self.redeemed[invite.used_by] = key
+        for key, invite in node.sync.invites(db.id, skip_damaged=True):
+            self.invites[key] = invite
+            if invite.used_by:
+                self.redeemed[invite.used_by] = key
         self.peers: dict[str, str] = {}  # key -> how this node learnt it
         book = node.sync.peers
         for db_id in [db.id, *(d for d in book.databases() if d != db.id)]:
@@ -111,9 +104,9 @@ class Directory:
                     continue
                 rdb = self.node.database(rec.db_id)
                 meta = rdb.meta()
-                rroot = rdb.entry(rdb.id)
+                rroot = _root_key(rdb)
                 if meta.get("kind") == "agent" and rroot is not None and isinstance(meta.get("display_name"), str):
-                    self._remote.setdefault(rroot.author_key, meta["display_name"])
+                    self._remote.setdefault(rroot, meta["display_name"])
             names = [n for k, n in self._remote.items() if k not in self.agents]
             self._shared_names = {n for n in names if names.count(n) > 1}
         return self._remote
@@ -189,6 +182,10 @@ class Directory:
         name = self.agents.get(key)
         return self.node.agents.agent(name) if name is not None else None
 
+    def grantee(self, key: str) -> Grantee:
+        """``key`` as a grant or revocation takes it: the local agent it is, if any, and its label."""
+        return Grantee(key, self.local_agent(key), self.label(key))
+
     # ------------------------------------------------------------------ listing
     def holders(self) -> list[dict[str, Any]]:
         db = self.bank.db
@@ -197,18 +194,18 @@ class Directory:
             v = row.value
             if isinstance(v, dict) and v.get("op") == "grant" and isinstance(v.get("key"), str):
                 last_grant[v["key"]] = [row.entry_id]
-        out = []
+        out: list[dict[str, Any]] = []
         for key, state in db.settings().items():
             known = self.known(key)
             granted = list(state.granted_by) if state.active else last_grant.get(key, [])
-            row: dict[str, Any] = {
+            holder: dict[str, Any] = {
                 "key": key, "label": known.label, "permission": _level(state), "priority": _priority(state),
                 "status": state.status, "is": {"kind": known.kind, "name": known.name, "detail": known.detail},
                 "granted_by": self._authors(granted), "revoked_by": [] if state.active else self._authors(state.granted_by),
             }
             if known.invite is not None:
-                row["invite"] = known.invite
-            out.append(row)
+                holder["invite"] = known.invite
+            out.append(holder)
         # An invite holds nothing in the settings until it is redeemed, yet it lets its holder
         # in: every one still redeemable is listed, so that it can be seen and revoked.
         settings = db.settings()
@@ -218,7 +215,7 @@ class Directory:
                 continue
             out.append({"key": key, "label": known.label, "permission": None, "priority": None,
                         "status": "outstanding", "is": {"kind": known.kind, "name": None, "detail": known.detail},
-                        "granted_by": [{"key": self.peer, "label": SELF_LABEL, "entry": None}], "revoked_by": [],
+                        "granted_by": [_author(self.peer, SELF_LABEL, None)], "revoked_by": [],
                         "invite": known.invite})
         # Active first, strongest first; then outstanding invites; then revoked; by label within each.
         order = {"admin": 0, "write": 1, "read": 2}
@@ -235,8 +232,19 @@ class Directory:
             if entry is None or entry.author_key in seen:
                 continue
             seen.add(entry.author_key)
-            out.append({"key": entry.author_key, "label": self.label(entry.author_key), "entry": entry_id})
+            out.append(_author(entry.author_key, self.label(entry.author_key), entry_id))
         return out
+
+
+def _author(key: str, label: str, entry_id: str | None) -> dict[str, Any]:
+    """One signer of a grant, as ``memory grants`` lists it (no entry: this node's invite)."""
+    return {"key": key, "label": label, "entry": entry_id}
+
+
+def _root_key(db: Database) -> str | None:
+    """The key that created ``db`` (its agent's or bank's own key), if its root is stored."""
+    root = db.entry(db.id)
+    return root.author_key if root is not None else None
 
 
 def _level(state: KeyState) -> str | None:
@@ -252,7 +260,7 @@ def _when(epoch_s: int) -> str:
 
 
 # ---------------------------------------------------------------------- naming a key
-def grantee(node: "Node", bank: BankRef, who: str) -> Grantee:
+def grantee(node: Node, bank: BankRef, who: str) -> Grantee:
     """The key ``who`` names for a grant or revocation on ``bank``: a key (``ed25519:...``), a
     label of ``memory grants``, or a local agent's name."""
     hint = f"name a local agent, a key (ed25519:...) or a label that memmesh memory grants {bank.name} shows"
@@ -263,14 +271,13 @@ def grantee(node: "Node", bank: BankRef, who: str) -> Grantee:
             key = str(PublicKey.parse(who))
         except KeyFormatError:
             raise ParamsError(f"{_shown(who)} is not a public key (ed25519: and 43 base64url characters)") from None
-        directory = Directory(node, bank)
-        return Grantee(key, directory.local_agent(key), directory.label(key))
+        return Directory(node, bank).grantee(key)
     if ":" in who:
         directory = Directory(node, bank)
-        key = directory.find(who)
-        if key is None:
+        labelled = directory.find(who)
+        if labelled is None:
             raise UnknownName(f"no key labelled {_shown(who)} in {bank.name}: {hint}")
-        return Grantee(key, directory.local_agent(key), directory.label(key))
+        return directory.grantee(labelled)
     if not NAME_RE.match(who) or node.registry.agent(who) is None:
         known = ", ".join(r.name for r in node.registry.agents()) or "none yet"
         raise UnknownName(f"no agent named {_shown(who)} on this node (agents: {known}): {hint}")

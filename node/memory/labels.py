@@ -21,8 +21,8 @@ reading agent's config says ``include_secrets``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .hygiene import RULES, detect
 from .rows import Memory

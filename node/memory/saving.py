@@ -16,8 +16,9 @@ Against the key's current row in the target bank (docs/memory.md, "Dedup and sup
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from .rows import (
     MAX_KEY_CHARS,
@@ -61,10 +62,8 @@ def plan_write(view: MemoryView, key: str, value: str, tags: Sequence[str] | Non
             raise MemoryInputError(f"supersedes: there is no current memory with key {other!r} in this bank")
         retiring.append({"type": SUPERSEDES, "to": other, "entry": target.entry_id})
     cur = view.current(key)
-    if cur is not None and cur.valid_to is not None and cur.valid_to <= now:
-        cur_live = None  # retired by its end date: a new row, not a merge into it
-    else:
-        cur_live = cur
+    retired = cur is not None and cur.valid_to is not None and cur.valid_to <= now
+    cur_live = None if retired else cur  # retired by its end date: a new row, not a merge into it
     if cur_live is not None and normalized_value(cur_live.value) == normalized_value(row["value"]):
         merged = _merge(cur_live, row)
         if not retiring and merged == stored_form(cur_live):

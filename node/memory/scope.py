@@ -8,7 +8,7 @@ the set auto-recall searches.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def by_precedence(bank_ids: Sequence[str], session_ids: Sequence[str], default_ids: Sequence[str]) -> list[str]:

@@ -110,8 +110,15 @@ _MEMMESH_INVITE = re.compile(r"[#&?]secret=[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])")
 
 _MIN_KEYWORD_VALUE = 6
 _TRAILING = ".,;:!?)]}>\"'"
+
 _WORD_PARTS = re.compile(r"['\u2019._-]")
 _PATH_OR_CALL = re.compile(r"(?:~?\.{0,2}/|[A-Za-z]:\\|[\w.-]+[\[(]|\w+://)")
+
+
+def _word_end(text: str, pos: int) -> int:
+    """Where the word going on at ``pos`` ends (``pos`` itself when none does)."""
+    tail = _WORD_TAIL.match(text, pos)
+    return pos if tail is None else tail.end()  # \w*+ matches, empty at worst
 
 
 class SecretsInputError(MemmeshError):
@@ -152,7 +159,7 @@ class _Window:
         low, denylist = self.low, _denylist()
         pos = 0
         while len(found) < MAX_CANDIDATES and (m := denylist.search(low, pos)) is not None:
-            end = _WORD_TAIL.match(low, m.end()).end()
+            end = _word_end(low, m.end())
             start = m.start()
             while (later := denylist.search(low, start + 1, end)) is not None:
                 start = later.start()
@@ -205,10 +212,29 @@ def _plugins() -> tuple[_Plugin, ...]:
     """The default plugin set, most specific first (the first that matches names the text)."""
     try:
         from detect_secrets.plugins import (
-            artifactory, aws, azure_storage_key, basic_auth, cloudant, discord, github_token,
-            gitlab_token, ibm_cloud_iam, ibm_cos_hmac, jwt, mailchimp, npm, openai,
-            private_key, pypi_token, sendgrid, slack, softlayer, square_oauth, stripe,
-            telegram_token, twilio,
+            artifactory,
+            aws,
+            azure_storage_key,
+            basic_auth,
+            cloudant,
+            discord,
+            github_token,
+            gitlab_token,
+            ibm_cloud_iam,
+            ibm_cos_hmac,
+            jwt,
+            mailchimp,
+            npm,
+            openai,
+            private_key,
+            pypi_token,
+            sendgrid,
+            slack,
+            softlayer,
+            square_oauth,
+            stripe,
+            telegram_token,
+            twilio,
         )
     except ImportError as exc:
         raise SecretsLibraryMissing(
@@ -300,6 +326,8 @@ def _jwt(detector) -> Callable[[_Window], bool]:
             if m.group().find("eyJ", 0, len(m.group()) - 1) < 0:
                 continue
             tail = _JWT_NEXT.match(text, m.end())
+            if tail is None:  # the finder's pattern ends where a next part starts: never here
+                continue
             if any(valid(t) for t in pattern.findall(text, m.start(), tail.end())):
                 return True
             tried += 1

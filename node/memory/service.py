@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,19 +23,19 @@ from memmesh.crdt.clock import now_ms
 from memmesh.crdt.database import Database
 from memmesh.node.memory.access import AccessCounts
 from memmesh.node.memory.agents import Agent, Agents, agent_state
+from memmesh.node.memory.defaults import BuiltIn, MemorySettings
 from memmesh.node.memory.embedders import Embedder, EmbedderError
 from memmesh.node.memory.framing import DEFAULT_CONTEXT_WINDOW, budget_chars, fit, memory_line
 from memmesh.node.memory.fusion import decay_factor, decayed
-from memmesh.node.memory.labels import Labels, labels_of, tier
 from memmesh.node.memory.graph import neighbors
-from memmesh.node.memory.rows import MEMORY_STORE, embedding_value, memory_value
+from memmesh.node.memory.labels import Labels, labels_of, tier
+from memmesh.node.memory.rows import MEMORY_STORE, Memory, embedding_value, memory_value
 from memmesh.node.memory.saving import plan_write
 from memmesh.node.memory.scope import by_precedence
 from memmesh.node.memory.timeline import Filters
 from memmesh.node.memory.tokens import autorecall_query_tokens
 from memmesh.node.memory.view import DEFAULT_LIMIT, MAX_LIMIT, MemoryView
 from memmesh.node.registry import NameError_
-from memmesh.node.settings import applied, memory_defaults
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class Ranking:
     hide_flagged: bool = False
 
     @classmethod
-    def of(cls, agent: Agent, config: dict[str, Any], *, auto: bool = False) -> "Ranking":
+    def of(cls, agent: Agent, config: dict[str, Any], *, auto: bool = False) -> Ranking:
         """``auto``: for auto-recall, which never shows flagged rows or secrets."""
         return cls(str(agent.key.public), dict(config["trust_weights"]), dict(config["half_lives"]),
                    include_secrets=False if auto else bool(config["include_secrets"]), hide_flagged=auto)
@@ -83,10 +84,19 @@ def perm_name(perm: Permission | None) -> str:
     return "none" if perm is None else perm.level
 
 
+def _not_serving() -> bool:
+    return False
+
+
 class MemoryService:
-    def __init__(self, agents: Agents, embedder: Embedder | None) -> None:
+    def __init__(self, agents: Agents, embedder: Embedder | None, *, settings: MemorySettings | None = None,
+                 serving: Callable[[], bool] = _not_serving) -> None:
+        """``settings``: the node's config in force (built-in defaults when None); ``serving``:
+        whether serve runs this node now (asked when a view opens)."""
         self.agents = agents
         self.embedder = embedder
+        self.settings: MemorySettings = settings if settings is not None else BuiltIn()
+        self._serving = serving
         self._views: dict[str, MemoryView] = {}
         self.access = AccessCounts(agents.home.storage)
         self._pool: ThreadPoolExecutor | None = None
@@ -95,8 +105,7 @@ class MemoryService:
     @property
     def serving(self) -> bool:
         """Under serve, an index is built on a search thread, never on the database thread."""
-        network = getattr(self.agents.home, "network", None)
-        return network is not None and network.db is not None
+        return self._serving()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -153,8 +162,10 @@ class MemoryService:
         plan = plan_write(self.view(target.db), key, value, tags if tags is not None else (),
                           supersedes=supersedes, now=now_ms() if now is None else now, **fields)
         if plan.row is None:
-            return {"ok": True, "key": plan.current.key, "bank": target.name, "entry": plan.current.entry_id,
-                    "embedded": False, "warnings": [], "deduplicated": True, "merged_into": plan.current.key}
+            current = plan.current
+            assert current is not None  # nothing to write: the current row says the same
+            return {"ok": True, "key": current.key, "bank": target.name, "entry": current.entry_id,
+                    "embedded": False, "warnings": [], "deduplicated": True, "merged_into": current.key}
         row = plan.row
         warnings: list[str] = []
         labels = labels_of(row["key"], row["value"], row["tags"], row.get("source"))
@@ -203,7 +214,7 @@ class MemoryService:
         warnings: list[str] = []
         if filters is None:
             filters = Filters(now=now_ms())
-        ranking = Ranking.of(agent, agent_state(agent.db, memory_defaults(self.agents.home)).config)
+        ranking = Ranking.of(agent, agent_state(agent.db, self.settings.defaults()).config)
         found = self._search(target.db, query, tags, limit, warnings, include_superseded, filters=filters,
                              ranking=ranking)
         counted = self.access.record([(target.db.id, f.memory.key) for f in found], "recall") if count else {}
@@ -238,12 +249,16 @@ class MemoryService:
         """The view's ranking times each row's trust weight and age decay (docs/memory.md, "Trust
         tiers", "Age decay"). Both only lower scores, so they re-rank the best MAX_LIMIT
         candidates; when every candidate would weigh 1 the view's own ranking is the answer."""
-        args = dict(tags=tags, query_vector=vector, include_superseded=include_superseded, with_scores=True,
-                    filters=filters, include_secrets=ranking.include_secrets, hide_flagged=ranking.hide_flagged)
+        def scored(n: int) -> list[tuple[Memory, float]]:
+            hits = view.recall(query, tags=tags, limit=n, query_vector=vector, include_superseded=include_superseded,
+                               with_scores=True, filters=filters, include_secrets=ranking.include_secrets,
+                               hide_flagged=ranking.hide_flagged)
+            return cast("list[tuple[Memory, float]]", hits)  # with_scores: (memory, score) pairs
+
         if not self._reweighs(view, ranking):
-            return [self._found(view, m, score, ranking) for m, score in view.recall(query, limit=limit, **args)]
+            return [self._found(view, m, score, ranking) for m, score in scored(limit)]
         now = filters.now if filters is not None and filters.now is not None else now_ms()
-        found = [self._found(view, m, score, ranking) for m, score in view.recall(query, limit=MAX_LIMIT, **args)]
+        found = [self._found(view, m, score, ranking) for m, score in scored(MAX_LIMIT)]
         weights = ranking.weights or {}
         half_lives = ranking.half_lives or {}
 
@@ -333,7 +348,7 @@ class MemoryService:
         index is ready next time), never waited for, and listed last in the result (the names
         of the stores that missed the deadline). Flagged rows and secrets are never shown."""
         start = time.monotonic()  # the deadline covers the whole call, reading the config included
-        state = agent_state(agent.db, memory_defaults(self.agents.home))
+        state = agent_state(agent.db, self.settings.defaults())
         deadline_ms = int(state.config["auto_recall_deadline_ms"])
         if not state.config["auto_recall_enabled"] or deadline_ms == 0:
             return "", [], 0, []
@@ -361,9 +376,8 @@ class MemoryService:
         shown_keys: set[str] = set()
         for (db, bank), hits in zip(stores, found):
             fresh = [f for f in hits if f.memory.key not in shown_keys][:limit]
-            for f in fresh:
-                lines.append({"text": memory_line(f.memory.key, f.memory.value, bank), "key": f.memory.key,
-                              "bank": bank, "db": db.id, "score": f.score, "trust": f.trust})
+            lines += [{"text": memory_line(f.memory.key, f.memory.value, bank), "key": f.memory.key,
+                       "bank": bank, "db": db.id, "score": f.score, "trust": f.trust} for f in fresh]
             shown_keys.update(f.memory.key for f in fresh)
         missing = [agent.name + " (" + OWN_MEMORY + ")" if bank is None else bank
                    for (db, bank), miss in zip(stores, missed) if miss]
@@ -404,11 +418,11 @@ class MemoryService:
             futures.append(fut)
         found: list[list[Found]] = []
         missed: list[bool] = []
-        for fut in futures:
+        for asked in futures:
             hits = None
-            if fut is not None:
+            if asked is not None:
                 try:
-                    hits = fut.result(timeout=max(0.0, until - time.monotonic()))
+                    hits = asked.result(timeout=max(0.0, until - time.monotonic()))
                 except FutureTimeout:
                     hits = None
             found.append(hits or [])
@@ -433,8 +447,7 @@ class MemoryService:
 
     def _recall_banks(self, agent: Agent, state, session: str | None) -> list[str]:
         """The banks auto-recall searches, closest first (node/memory/scope.py)."""
-        spec = applied(self.agents.home).agent(agent.name)
-        defaults = [rec.db_id for name in (spec.default_memory_banks if spec else [])
+        defaults = [rec.db_id for name in self.settings.default_banks(agent.name)
                     if (rec := self.agents.home.registry.bank(name)) is not None]
         in_session = state.attached.get(session, []) if session is not None else []
         return by_precedence(self._searched_banks(agent, state, session), in_session, defaults)

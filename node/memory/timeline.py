@@ -66,9 +66,8 @@ class Filters:
             return False
         if self.period:
             return overlaps(m, self.start, self.end)
-        if self.as_of is None and self.now is not None and m.valid_to is not None and m.valid_to <= self.now:
-            return False  # retired: its end date has passed
-        return True
+        # retired: its end date has passed
+        return not (self.as_of is None and self.now is not None and m.valid_to is not None and m.valid_to <= self.now)
 
     def mask(self, cols: DocColumns) -> np.ndarray | None:
         """:meth:`keep` of every doc of the columns at once (None: every doc passes)."""

@@ -47,7 +47,7 @@ MIN_TOKEN_LENGTH = 2
 # exactly str.isalnum() (tests/test_ranking.py checks this). With the length rule folded into
 # the pattern, a greedy match is a maximal run of MIN_TOKEN_LENGTH or more characters and
 # shorter runs never match: one pass in C instead of a filter in Python.
-_TOKEN_RE = re.compile(r"[^\W_]{%d,}" % MIN_TOKEN_LENGTH)
+_TOKEN_RE = re.compile(rf"[^\W_]{{{MIN_TOKEN_LENGTH},}}")
 
 
 def tokenize(text: str) -> list[str]:
@@ -64,40 +64,7 @@ def document_text(key: str, value: str, tags: Iterable[str]) -> str:
 
 
 STOPWORDS: frozenset[str] = frozenset(
-    """
-    about above across after again against ah all almost along already also
-    although always am among an and another any anybody anyone anything anyway
-    anywhere are aren around as at
-    be became because become been before behind being below beside besides between
-    beyond both but by
-    can cannot could couldn
-    did didn do does doesn doing don done down during
-    each either else enough even ever every everybody everyone everything
-    except
-    few for from further
-    get gets getting got
-    had hadn has hasn have haven having he her here hers herself him himself his how
-    however
-    if in inside instead into is isn it its itself
-    just
-    least less let lets like ll
-    many may me might mightn mine more most much must mustn my myself
-    neither needn never no nobody none nor not nothing now
-    of off often oh ok okay on once only onto or other others otherwise ought
-    our ours ourselves out over own
-    per perhaps please
-    quite
-    rather re really
-    same shall shan she should shouldn since so some somebody someone
-    something sometimes somewhere still such
-    than that the their theirs them themselves then there these they
-    this those though through thus till to too toward towards
-    under until up upon us
-    ve very via
-    was wasn we well were weren what whatever when whenever where whether which
-    while who whoever whom whose why will with within without won would wouldn
-    yeah yes yet you your yours yourself yourselves
-    """.split()
+    ["about", "above", "across", "after", "again", "against", "ah", "all", "almost", "along", "already", "also", "although", "always", "am", "among", "an", "and", "another", "any", "anybody", "anyone", "anything", "anyway", "anywhere", "are", "aren", "around", "as", "at", "be", "became", "because", "become", "been", "before", "behind", "being", "below", "beside", "besides", "between", "beyond", "both", "but", "by", "can", "cannot", "could", "couldn", "did", "didn", "do", "does", "doesn", "doing", "don", "done", "down", "during", "each", "either", "else", "enough", "even", "ever", "every", "everybody", "everyone", "everything", "except", "few", "for", "from", "further", "get", "gets", "getting", "got", "had", "hadn", "has", "hasn", "have", "haven", "having", "he", "her", "here", "hers", "herself", "him", "himself", "his", "how", "however", "if", "in", "inside", "instead", "into", "is", "isn", "it", "its", "itself", "just", "least", "less", "let", "lets", "like", "ll", "many", "may", "me", "might", "mightn", "mine", "more", "most", "much", "must", "mustn", "my", "myself", "neither", "needn", "never", "no", "nobody", "none", "nor", "not", "nothing", "now", "of", "off", "often", "oh", "ok", "okay", "on", "once", "only", "onto", "or", "other", "others", "otherwise", "ought", "our", "ours", "ourselves", "out", "over", "own", "per", "perhaps", "please", "quite", "rather", "re", "really", "same", "shall", "shan", "she", "should", "shouldn", "since", "so", "some", "somebody", "someone", "something", "sometimes", "somewhere", "still", "such", "than", "that", "the", "their", "theirs", "them", "themselves", "then", "there", "these", "they", "this", "those", "though", "through", "thus", "till", "to", "too", "toward", "towards", "under", "until", "up", "upon", "us", "ve", "very", "via", "was", "wasn", "we", "well", "were", "weren", "what", "whatever", "when", "whenever", "where", "whether", "which", "while", "who", "whoever", "whom", "whose", "why", "will", "with", "within", "without", "won", "would", "wouldn", "yeah", "yes", "yet", "you", "your", "yours", "yourself", "yourselves"]
 )
 
 

@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import as_doc_id
 from .fusion import _check_limit, rank_candidates
 
 __all__ = ["VectorIndex"]
@@ -115,12 +116,6 @@ def _dd_sums(sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return r, ok
 
 
-def _as_doc_id(doc_id: Any) -> int:
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (int, np.integer)):
-        raise TypeError(f"doc_id must be an int, got {type(doc_id).__name__}")
-    return int(doc_id)
-
-
 class VectorIndex:
     """Cosine-similarity index of ``dim``-dimensional vectors keyed by int doc id."""
 
@@ -168,7 +163,7 @@ class VectorIndex:
 
     def add(self, doc_id: int, vector: np.ndarray) -> None:
         """Store ``vector`` (normalised) for ``doc_id``; the id must not be present."""
-        doc_id = _as_doc_id(doc_id)
+        doc_id = as_doc_id(doc_id)
         if doc_id in self._row:
             raise ValueError(f"doc_id {doc_id} is already indexed")
         unit = self._unit64(vector).astype(np.float32)
@@ -177,7 +172,7 @@ class VectorIndex:
     def add_unit(self, doc_id: int, unit: np.ndarray) -> None:
         """Store a row exactly as :meth:`vector` returned it from an index of this ``dim``
         (already normalised, float32): moving a row between indexes keeps its bits."""
-        doc_id = _as_doc_id(doc_id)
+        doc_id = as_doc_id(doc_id)
         if doc_id in self._row:
             raise ValueError(f"doc_id {doc_id} is already indexed")
         unit = np.asarray(unit)
@@ -202,7 +197,7 @@ class VectorIndex:
         the index and within ``ids``); nothing is stored if any row is refused (the storage
         may have grown). Storage grows to exactly the rows needed.
         """
-        id_list = [_as_doc_id(d) for d in ids]
+        id_list = [as_doc_id(d) for d in ids]
         n = len(id_list)
         if len(matrix) != n:
             raise ValueError(f"{n} ids but {len(matrix)} vectors")
@@ -249,7 +244,7 @@ class VectorIndex:
 
     def remove(self, doc_id: int) -> None:
         """Remove ``doc_id`` (KeyError if absent); the last row moves into its place."""
-        doc_id = _as_doc_id(doc_id)
+        doc_id = as_doc_id(doc_id)
         r = self._row.pop(doc_id)
         last = self._n - 1
         if r != last:
@@ -262,7 +257,7 @@ class VectorIndex:
 
     def vector(self, doc_id: int) -> np.ndarray:
         """The stored (normalised, float32) vector of ``doc_id`` (a copy)."""
-        return self._mat[self._row[_as_doc_id(doc_id)]].copy()
+        return self._mat[self._row[as_doc_id(doc_id)]].copy()
 
     def _exact(self, rows: np.ndarray, q64: np.ndarray) -> np.ndarray:
         out = np.empty(len(rows), dtype=np.float64)
@@ -316,7 +311,7 @@ class VectorIndex:
             memo: dict[int, bool] = {}
             user_allowed = allowed
 
-            def allowed(d: int) -> bool:  # noqa: F811 - memoised across prefixes
+            def allowed(d: int) -> bool:  # memoised across prefixes
                 v = memo.get(d)
                 if v is None:
                     v = memo[d] = bool(user_allowed(d))

@@ -25,47 +25,51 @@ on.
 from __future__ import annotations
 
 import asyncio
-import errno
-import hashlib
 import ipaddress
 import logging
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from zeroconf import (
     DNSQuestionType,
-    Error as ZeroconfError,
     InterfaceChoice,
     IPVersion,
-    NotRunningException,
     ServiceStateChange,
     current_time_millis,
 )
+from zeroconf import (
+    Error as ZeroconfError,
+)
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
-from memmesh.auth.errors import KeyFormatError, MemmeshError
+from memmesh.auth.errors import MemmeshError
 from memmesh.auth.keys import PublicKey
 from memmesh.crdt.clock import now_ms
+from memmesh.node.sync.announcement import (
+    MAX_ADDRESSES,
+    MAX_TXT_BYTES,
+    PROTOCOL_VERSION,
+    SERVICE_TYPE,
+    node_label,
+    parse_announcement,
+    usable,
+)
+from memmesh.node.sync.lan_errors import explain
 
 log = logging.getLogger(__name__)
 
-SERVICE_TYPE = "_memmesh._tcp.local."
-PROTOCOL_VERSION = "1"
 HOW_LAN = "lan"
 
 MAX_PEERS = 1024  # announcements (instance names) kept; new ones beyond are ignored
-MAX_TXT_BYTES = 256  # a v1 TXT is ~62 bytes; anything much larger is not ours
-MAX_VALUE_BYTES = 64  # a key string is 51 characters
-MAX_ADDRESSES = 8  # addresses kept per announcement (and announced)
 MAX_RESOLVING = 16  # concurrent resolutions of announcements
 RESOLVE_TIMEOUT_MS = 3000
 TTL_S = 120  # short TTLs for every record: a peer that vanished without a goodbye ages out fast
 
-_TXT_KEYS = frozenset({b"pk", b"v"})
 _NO_DISCOVERY = "run with --no-discovery"
 
-__all__ = [
+__all__ = [  # the announcement's names too: callers and tests name them from here
+    "MAX_TXT_BYTES",
     "DiscoveredPeer",
     "Discovery",
     "DiscoveryError",
@@ -104,84 +108,8 @@ class _Entry:  # one resolved announcement (one instance name)
 OnChange = Callable[[str, DiscoveredPeer], None]
 
 
-def node_label(peer_key: str) -> str:
-    """The instance name of a node: ``mm-`` and 16 hex digits of sha256 of its key string."""
-    return "mm-" + hashlib.sha256(peer_key.encode("utf-8")).hexdigest()[:16]
-
-
-def _hint(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
-    return f"http:[{ip}]:{port}" if ip.version == 6 else f"http:{ip}:{port}"
-
-
-def _usable(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    # IPv6 link-local needs a scope id that an http:<host>:<port> hint cannot carry.
-    return not (ip.is_unspecified or ip.is_multicast or (ip.version == 6 and ip.is_link_local)
-                or (ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255")))
-
-
 def _versions(ip_version: IPVersion) -> set[int]:
     return {IPVersion.V4Only: {4}, IPVersion.V6Only: {6}}.get(ip_version, {4, 6})
-
-
-def _explain(exc: BaseException) -> str:
-    """A sentence an operator can act on for an error from zeroconf or the socket layer."""
-    if isinstance(exc, OSError) and exc.errno is not None:
-        hints = {
-            errno.EADDRINUSE: "UDP port 5353 is held by another mDNS responder that does not share it"
-                              " (stop it, or let memmesh use the system's responder)",
-            errno.EACCES: "not permitted to open multicast UDP sockets on port 5353",
-            errno.EPERM: "not permitted to open multicast UDP sockets on port 5353",
-            errno.ENODEV: "no interface to join the mDNS group on (an address that no interface has,"
-                          " or no route for multicast 224.0.0.251: pass interfaces= or add a route)",
-            errno.EADDRNOTAVAIL: "an address to listen on is not assigned to any interface",
-            errno.ENETUNREACH: "no route for multicast 224.0.0.251 (add one, e.g."
-                               " 'ip route add 224.0.0.0/4 dev <interface>')",
-            errno.ENOBUFS: "the kernel refused another multicast membership"
-                           " (raise net.ipv4.igmp_max_memberships)",
-        }
-        hint = hints.get(exc.errno)
-        detail = f"{exc.strerror or exc} (errno {exc.errno})"
-        return f"{hint}: {detail}" if hint else detail
-    if isinstance(exc, NotRunningException):
-        return "zeroconf did not come up in time (is the event loop blocked?)"
-    return str(exc) or type(exc).__name__
-
-
-def _parse_announcement(info: AsyncServiceInfo, versions: set[int]) -> tuple[str, tuple[str, ...]] | str:
-    """``(key, address hints)`` from a resolved announcement, or the reason it is ignored."""
-    text = info.text or b""
-    if len(text) > MAX_TXT_BYTES:
-        return "txt-size"
-    props = info.properties  # parsed only once the size is known to be small
-    if b"pk" not in props:
-        return "pk-missing"
-    if b"v" not in props:
-        return "v-missing"
-    if set(props) != _TXT_KEYS:
-        return "txt-extra"  # a v1 announcement is exactly pk and v (never a database id)
-    version, pk = props[b"v"], props[b"pk"]
-    if version is None or len(version) > MAX_VALUE_BYTES or version.decode("ascii", "replace") != PROTOCOL_VERSION:
-        return "version"
-    if pk is None or len(pk) > MAX_VALUE_BYTES:
-        return "pk"
-    try:
-        key = str(PublicKey.parse(pk.decode("ascii")))
-    except (UnicodeDecodeError, KeyFormatError):
-        return "pk"
-    port = info.port
-    if not isinstance(port, int) or not 0 < port < 65536:
-        return "port"
-    hints: list[str] = []
-    for ip in info.ip_addresses_by_version(IPVersion.All):
-        if ip.version in versions and _usable(ip):
-            hint = _hint(ip, port)
-            if hint not in hints:
-                hints.append(hint)
-        if len(hints) >= MAX_ADDRESSES:
-            break
-    if not hints:
-        return "address"
-    return key, tuple(hints)
 
 
 class Discovery:
@@ -220,7 +148,7 @@ class Discovery:
         self._info: AsyncServiceInfo | None = None
         self._key: str | None = None
         self._port: int | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Future] = set()
         self._resolving: dict[str, asyncio.Task] = {}
         self._again: set[str] = set()
         self._semaphore = asyncio.Semaphore(MAX_RESOLVING)
@@ -251,7 +179,7 @@ class Discovery:
         """Wait until our announcement is registered; False if it is not within ``timeout``."""
         try:
             await asyncio.wait_for(self._announced.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 
@@ -294,7 +222,7 @@ class Discovery:
                 raise
             except (OSError, RuntimeError, ValueError, ZeroconfError) as exc:
                 await self._teardown(goodbye=False)
-                raise DiscoveryError(f"LAN discovery could not start: {_explain(exc)}"
+                raise DiscoveryError(f"LAN discovery could not start: {explain(exc)}"
                                      f" (interfaces: {self._describe_interfaces()}); {_NO_DISCOVERY}") from None
 
     async def stop(self) -> None:
@@ -303,7 +231,7 @@ class Discovery:
         async with self._lock:
             await self._teardown(goodbye=True)
 
-    async def __aenter__(self) -> "Discovery":
+    async def __aenter__(self) -> Discovery:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -355,7 +283,7 @@ class Discovery:
         except asyncio.CancelledError:
             raise
         except (OSError, RuntimeError, ValueError, ZeroconfError) as exc:
-            log.warning("LAN discovery could not announce this node: %s", _explain(exc))
+            log.warning("LAN discovery could not announce this node: %s", explain(exc))
 
     async def _teardown(self, goodbye: bool) -> None:
         aiozc, browser, info = self._zc, self._browser, self._info
@@ -380,7 +308,7 @@ class Discovery:
                     await (await aiozc.async_unregister_service(info))
                 await aiozc.async_close()
             except (OSError, RuntimeError, ZeroconfError) as exc:  # closing must not fail the caller
-                log.warning("LAN discovery did not stop cleanly: %s", _explain(exc))
+                log.warning("LAN discovery did not stop cleanly: %s", explain(exc))
         for peer in gone:  # stopped: every peer we listed is gone from our view
             self._emit("removed", peer)
 
@@ -392,7 +320,7 @@ class Discovery:
                       and ipaddress.ip_address(a).version in self._versions]
         else:
             chosen = self._local_addresses()
-        chosen = [a for a in dict.fromkeys(chosen) if _usable(ipaddress.ip_address(a))][:MAX_ADDRESSES]
+        chosen = [a for a in dict.fromkeys(chosen) if usable(ipaddress.ip_address(a))][:MAX_ADDRESSES]
         if not chosen:
             versions = "/".join(f"IPv{v}" for v in sorted(self._versions))
             raise DiscoveryError(f"LAN discovery could not start: no {versions} address to announce"
@@ -407,7 +335,7 @@ class Discovery:
         for adapter in ifaddr.get_adapters():
             for addr in adapter.ips:
                 ip = ipaddress.ip_address(addr.ip if isinstance(addr.ip, str) else addr.ip[0])
-                if ip.version in self._versions and (loopback or not ip.is_loopback) and _usable(ip):
+                if ip.version in self._versions and (loopback or not ip.is_loopback) and usable(ip):
                     ips.append(str(ip))
         return ips
 
@@ -417,9 +345,9 @@ class Discovery:
         return ", ".join(map(str, self._interfaces)) or "(none)"
 
     @staticmethod
-    def _check_ip(text: object) -> str:
+    def _check_ip(text: str | int) -> str:
         try:
-            return str(ipaddress.ip_address(text))  # type: ignore[arg-type]
+            return str(ipaddress.ip_address(text))
         except ValueError:
             raise ValueError(f"interfaces and addresses are IP addresses, got {text!r}") from None
 
@@ -473,13 +401,13 @@ class Discovery:
             raise
         except (OSError, RuntimeError, ValueError, ZeroconfError) as exc:
             self.ignored["error"] += 1
-            log.debug("resolving %s failed: %s", name, _explain(exc))
+            log.debug("resolving %s failed: %s", name, explain(exc))
         finally:
             if self._resolving.get(name) is asyncio.current_task():
                 del self._resolving[name]
 
     def _accept(self, name: str, info: AsyncServiceInfo) -> None:
-        parsed = _parse_announcement(info, self._versions)
+        parsed = parse_announcement(info, self._versions)
         if isinstance(parsed, str):
             self.ignored[parsed] += 1
             log.debug("ignoring LAN announcement %s: %s", name, parsed)

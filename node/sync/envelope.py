@@ -13,8 +13,8 @@ import binascii
 import hashlib
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import msgpack
 
@@ -47,7 +47,7 @@ def _unb64(text: str, size: int, what: str) -> bytes:
     return raw
 
 
-def request_message(method: str, path: str, body: bytes, target: bytes, time_ms: int, nonce: bytes) -> bytes:
+def request_message(method: str, path: str, body: bytes | bytearray, target: bytes, time_ms: int, nonce: bytes) -> bytes:
     """The bytes a request signature covers (with domain ``sync-request``)."""
     return msgpack.packb([method, path, hashlib.sha256(body).digest(), target, time_ms, nonce], use_bin_type=True)
 
@@ -100,10 +100,12 @@ class RequestVerifier:
         # requests under fresh keys pushes this floor up instead of refusing every caller.
         self._floor_ms = -1
 
-    def verify(self, method: str, path: str, headers: Mapping[str, str], body: bytes, now_ms: int,
+    def verify(self, method: str, path: str, headers: Mapping[str, str], body: bytes | bytearray, now_ms: int,
                *, allow_any_target: bool = False) -> Caller:
         get = {k.lower(): v for k, v in headers.items()}.get
-        key, target, time_text, nonce_hex, sig_text = (get(h) for h in (H_KEY, H_TARGET, H_TIME, H_NONCE, H_SIGNATURE))
+        # A header missing reads as empty, which is refused just the same.
+        key, target, time_text, nonce_hex, sig_text = (get(h) or "" for h in (H_KEY, H_TARGET, H_TIME, H_NONCE,
+                                                                               H_SIGNATURE))
         if not all((key, target, time_text, nonce_hex, sig_text)):
             raise EnvelopeError("sync.unauthenticated", "the request is not signed (memmesh-* headers missing)")
         try:

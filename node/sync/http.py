@@ -17,8 +17,10 @@ Exchange to its end.
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -74,7 +76,7 @@ class BodyBudget:
         try:
             async with self._freed:
                 await asyncio.wait_for(self._freed.wait_for(lambda: self.held + n <= self.limit), wait_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         self.held += n
         return True
@@ -133,7 +135,7 @@ def sync_app_routes(app: web.Application, server: SyncServer, run: Runner, *, re
                 held[0] = length
             try:
                 body = await asyncio.wait_for(_read_capped(request, budget, held), timeout=read_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return _error(408, "sync.timeout", "the request body was not sent in time")
             except _TooLarge:
                 return _error(413, "sync.too_large", f"bodies are at most {m.MAX_BODY_BYTES} bytes")
@@ -237,7 +239,7 @@ class HttpTransport:
                         raise SyncError("sync.too_large", f"the peer at {address} answered with more than {m.MAX_BODY_BYTES} bytes")
                     chunks.append(chunk)
                 return resp.status, {k.lower(): v for k, v in resp.headers.items()}, b"".join(chunks)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise SyncError("sync.unreachable", f"cannot reach {address}: {exc.__class__.__name__}: {exc}") from None
 
 
@@ -255,6 +257,6 @@ async def run_exchange(transport: HttpTransport, client: Client, address: str, t
         if message is None:
             return exchange
         _node, reply = await call(transport, client, address, target, message)
-        await run(lambda: exchange.on_reply(reply))
+        await run(functools.partial(exchange.on_reply, reply))
         while await run(exchange.work):  # a large page in slices: other work runs in between
             pass

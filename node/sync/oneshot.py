@@ -7,6 +7,7 @@ named with ``--peer`` that holds none is reported and sent nothing.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -15,15 +16,15 @@ from memmesh.node import fence
 from memmesh.node.sync import messages as m
 from memmesh.node.sync import readers
 from memmesh.node.sync.http import HttpTransport, call, run_exchange
-from memmesh.node.sync.protocol import EXCHANGE_S, Client, Exchange, SyncError
+from memmesh.node.sync.protocol import EXCHANGE_S, Client, Exchange, ExchangeStats, SyncError
 from memmesh.node.worker import Runner
 
 if TYPE_CHECKING:
-    from memmesh.node.library import Node
+    from memmesh.node.sync.host import SyncHost
     from memmesh.node.sync.peerbook import PeerRecord
 
 
-async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runner, *,
+async def sync_now(node: SyncHost, dbs: list[str], peer_url: str | None, run: Runner, *,
                    repairing: bool = False) -> list[dict[str, Any]]:
     """One exchange per bank and peer. ``repairing`` (``memmesh check --repair``) asks every
     peer the book knows for the bank, readers or not in this node's copy of the settings: that
@@ -45,14 +46,17 @@ async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runn
                     {"db": "-", "peer": "?", "address": peer_url, "ok": False, "error": str(exc), "pulled": 0, "pushed": 0}]
             targets = {db: [(key, [peer_url])] for db in dbs}
         else:
+            def peers_of(db: str) -> list[PeerRecord]:
+                return node.sync.peers.peers(db) if repairing else _readers_of(node, db)
+
             for db in dbs:
-                records = await run(lambda db=db: node.sync.peers.peers(db) if repairing else _readers_of(node, db))
+                records = await run(partial(peers_of, db))
                 targets[db] = [(r.key, list(r.addrs) + [a for a in node.network.lookup(r.key) if a not in r.addrs])
                                for r in records]
         for db_id, peers in targets.items():
-            db = await run(lambda db_id=db_id: node.database(db_id))
+            db = await run(partial(node.database, db_id))
             for key, addrs in peers:
-                why = None if repairing else await run(lambda key=key: readers.refusal(node, db, key))
+                why = None if repairing else await run(partial(readers.refusal, node, db, key))
                 if why is not None:  # only a named --peer gets here: the book's were filtered
                     report.append({"db": db_id, "peer": key, "address": addrs[0] if addrs else "-", "ok": False,
                                    "error": f"{readers.NO_GRANT}: {why}: nothing of it was sent", "pulled": 0,
@@ -63,13 +67,19 @@ async def sync_now(node: "Node", dbs: list[str], peer_url: str | None, run: Runn
     return report
 
 
-def _readers_of(node: "Node", db_id: str) -> list["PeerRecord"]:
+def _learnt(node: SyncHost, db: Any, key: str, address: str, stats: ExchangeStats) -> None:
+    """What an exchange taught: only peers that may read the bank get into the book."""
+    stats.peers = readers.readers(node, db, stats.peers)
+    node.sync.record_exchange(db.id, key, address, stats, how="manual")
+
+
+def _readers_of(node: SyncHost, db_id: str) -> list[PeerRecord]:
     """The known peers of ``db_id`` that may read it now (database thread)."""
     db = node.database(db_id)
     return [r for r in node.sync.peers.peers(db_id) if readers.may_read(node, db, r.key)]
 
 
-async def _one(node: "Node", transport: HttpTransport, client: Client, db, key: str, addrs: list[str],
+async def _one(node: SyncHost, transport: HttpTransport, client: Client, db, key: str, addrs: list[str],
                run: Runner, repairing: bool = False) -> dict[str, Any]:
     error = "no address known"
     seen = None  # the stats of the last attempt that got past the feeds step
@@ -83,12 +93,8 @@ async def _one(node: "Node", transport: HttpTransport, client: Client, db, key: 
             seen = exchange.stats if exchange.stats.peer_feeds is not None else seen
             continue
 
-        def learnt() -> None:  # only peers that may read the bank get into the book
-            exchange.stats.peers = readers.readers(node, db, exchange.stats.peers)
-            node.sync.record_exchange(db.id, key, address, exchange.stats, how="manual")
-
-        await run(learnt)
-        await run(lambda: fence.after_exchange(node, db, key, exchange.stats))  # its own entries may be back
+        await run(partial(_learnt, node, db, key, address, exchange.stats))
+        await run(partial(fence.after_exchange, node, db, key, exchange.stats))  # its own entries may be back
         # ok, but maybe not whole: the exchange's deadline cut it (the next one goes on), or a
         # blind repair sent the peer nothing of ours; both say so rather than pass as complete.
         return {"db": db.id, "peer": key, "address": address, "ok": True, "error": None,

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import msgpack
 
@@ -157,10 +158,10 @@ class PeerBook:
         addrs = _check_addrs(addrs)
         if key == self.self_key:
             return None
-        book = self._dbs.get(db_id)
-        old = book.records.get(key) if book else None
-        if old is None:
+        known = self._known(db_id, key)
+        if known is None:
             _check_key(key)
+            book = self._dbs.get(db_id)
             if book is None:
                 book = self._dbs[db_id] = _Db()
             if len(book.records) >= self.max_peers and not self._evict(book, how == "ticket"):
@@ -170,6 +171,7 @@ class PeerBook:
             if how != "ticket":
                 book.evictable[key] = None
             return rec
+        book, old = known
         first_hand = how in FIRST_HAND
         # What a peer says of itself (first hand) goes first; hearsay (peer exchange) only after
         # the addresses known already, so a reader naming another peer with made-up addresses
@@ -190,6 +192,12 @@ class PeerBook:
         elif first_hand and key in book.evictable:
             book.evictable.move_to_end(key)
         return rec
+
+    def _known(self, db_id: str, key: str) -> tuple[_Db, PeerRecord] | None:
+        """The database's book and the peer's record in it, if the peer is known."""
+        book = self._dbs.get(db_id)
+        old = book.records.get(key) if book is not None else None
+        return None if book is None or old is None else (book, old)
 
     def _evict(self, book: _Db, for_ticket: bool) -> bool:
         if book.evictable:
@@ -218,10 +226,10 @@ class PeerBook:
     # ------------------------------------------------------------------------ outcomes
     def record_success(self, db_id: str, key: str, now_ms: int) -> PeerRecord | None:
         """A sync with the peer succeeded: clear its backoff. None if the peer is not known."""
-        book = self._dbs.get(db_id)
-        old = book.records.get(key) if book else None
-        if old is None:
+        known = self._known(db_id, key)
+        if known is None:
             return None
+        book, old = known
         rec = PeerRecord(key, old.addrs, old.how, old.ways, old.first_seen, max(old.last_seen, now_ms),
                          now_ms, old.last_error, 0, 0)
         book.records[key] = rec
@@ -237,10 +245,10 @@ class PeerBook:
 
     def record_failure(self, db_id: str, key: str, now_ms: int, error: str) -> PeerRecord | None:
         """A sync with the peer failed: back off. None if the peer is not known."""
-        book = self._dbs.get(db_id)
-        old = book.records.get(key) if book else None
-        if old is None:
+        known = self._known(db_id, key)
+        if known is None:
             return None
+        book, old = known
         failures = old.failures + 1
         d = self.backoff_ms(failures)
         wait = d // 2 + int(self.rnd.random() * (d - d // 2 + 1))
@@ -271,7 +279,7 @@ class PeerBook:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, self_key: str | None = None, rnd: random.Random | None = None,
-                   max_peers: int = MAX_PEERS, base_ms: int = BASE_MS, cap_ms: int = CAP_MS) -> "PeerBook":
+                   max_peers: int = MAX_PEERS, base_ms: int = BASE_MS, cap_ms: int = CAP_MS) -> PeerBook:
         """A book persisted by ``to_bytes``; PeerBookError if the bytes are not one. ``self_key``
         (default: the persisted one) is never kept as a peer."""
         if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_BOOK_BYTES:

@@ -15,21 +15,30 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from memmesh.auth.keys import SigningKey
 from memmesh.crdt.clock import now_ms as _now_ms  # methods take a now_ms argument
 from memmesh.crdt.database import Database
 from memmesh.crdt.errors import MemmeshError, RejectedError, StorageError, WriteFailedError
 from memmesh.node.sync import messages as m
-from memmesh.node.sync.envelope import (
-    ANY_TARGET, Caller, EnvelopeError, RequestVerifier, SignedRequest, sign_request, sign_response, verify_response,
-)
+from memmesh.node.sync.backoff import PushBackoff, backoff_reply
+from memmesh.node.sync.client import PREFIX, Client, Outgoing, SyncError, hello
+from memmesh.node.sync.envelope import Caller, EnvelopeError, RequestVerifier, sign_response
+
+if TYPE_CHECKING:
+    from memmesh.crdt.records import IngestResult
+
+# The client's side (client.py) and the push backoff (backoff.py) are named from here too: one
+# module for what a transport or a test drives.
+__all__ = ["EXCHANGE_S", "NOT_FOUND", "OFF_THREAD", "PREFIX", "PUSH_SLICE_ENTRIES", "SLICE", "SLICE_S", "Client",
+           "Exchange", "ExchangeStats", "Intake", "Outgoing", "PushBackoff", "Response", "ServedNode", "SyncError",
+           "SyncServer", "hello", "next_chunk", "wire_bytes"]
 
 log = logging.getLogger(__name__)
 
-PREFIX = "/sync/v1/"
 NOT_FOUND = m.ErrorReply("sync.not_found", "no such database on this node")  # also: not shared, not readable
 # Markers SyncServer.steps yields: what the next step of a request needs (see its docstring).
 OFF_THREAD = "off-thread"
@@ -60,9 +69,42 @@ def next_chunk(done: int, seconds: float, current: int) -> int:
 EXCHANGE_S = 60.0
 
 
-def _backoff_reply(blocked_ms: int, taken: str = "") -> m.ErrorReply:
-    return m.ErrorReply("sync.backoff", f"too many invalid or parked entries from this peer; retry in "
-                                        f"{blocked_ms // 1000 + 1} s{taken}")
+class Intake:
+    """Entries taken into a database a chunk at a time, each chunk one ingest (one transaction)
+    sized to the rate so far (``next_chunk``): what a push and a pulled page share, so that
+    their callers can give the database thread back between chunks."""
+
+    def __init__(self) -> None:
+        self.entries: Sequence[m.EntryWire] = ()
+        self.done = 0  # how many of ``entries`` have been taken (or tried)
+        self.size = PUSH_SLICE_ENTRIES  # the next chunk's size; carried over to the next entries
+
+    def start(self, entries: Sequence[m.EntryWire]) -> None:
+        self.entries, self.done = entries, 0
+
+    def more(self) -> bool:
+        return self.done < len(self.entries)
+
+    def next(self, db: Database, source: str, room: int | None = None) -> IngestResult:
+        """Ingest the next chunk (at most ``room`` entries, if given)."""
+        chunk = self.entries[self.done:self.done + (self.size if room is None else min(self.size, room))]
+        self.done += len(chunk)
+        t0 = time.monotonic()
+        result = db.ingest(chunk, source=source)
+        self.size = next_chunk(len(chunk), time.monotonic() - t0, self.size)
+        return result
+
+
+def wire_bytes(entries: Sequence[m.EntryWire]) -> int:
+    """The bytes of entries as they travel: headers and the payloads present."""
+    return sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in entries)
+
+
+def _cursor_at(db: Database, entry_id: str) -> tuple[int, str]:
+    """The pull cursor after ``entry_id``, an entry the page just read from ``db``."""
+    height = db.height_of(entry_id)
+    assert height is not None  # a stored entry has its height
+    return height, entry_id
 
 
 @dataclass(frozen=True)
@@ -90,72 +132,6 @@ class ServedNode(Protocol):
 
 
 # ------------------------------------------------------------------------ server
-@dataclass
-class _Strikes:
-    refused: int = 0
-    until_ms: int = 0
-    level: int = 0
-    parked: int = 0
-    parked_since_ms: int = 0
-
-
-class PushBackoff:
-    """A peer that keeps pushing invalid entries is refused for a while, doubling each time.
-
-    Refusals that honest peers cause too (an entry that waits in the pending area and is
-    evicted, a candidate over the bound) do not count. Entries parked in the pending area (their
-    parents unknown) count too once a peer parks more than ``parked_threshold`` of them within
-    ``parked_window_ms``: an honest peer pushes parents before children and parks next to none,
-    while made-up parents cost the node work and park forever (until evicted or expired).
-    """
-
-    BENIGN = frozenset({"entry.pending_evicted", "entry.pending_expired", "entry.candidate_bound", "entry.erased"})
-
-    def __init__(self, threshold: int = 32, base_ms: int = 5_000, max_ms: int = 3_600_000,
-                 parked_threshold: int = 1024, parked_window_ms: int = 600_000) -> None:
-        self.threshold = threshold
-        self.base_ms = base_ms
-        self.max_ms = max_ms
-        self.parked_threshold = parked_threshold
-        self.parked_window_ms = parked_window_ms
-        self._peers: dict[str, _Strikes] = {}
-
-    def blocked_for(self, peer: str, now_ms: int) -> int:
-        s = self._peers.get(peer)
-        return max(0, s.until_ms - now_ms) if s else 0
-
-    def record(self, peer: str, refused: dict[str, int], now_ms: int, parked: int = 0) -> None:
-        bad = sum(n for reason, n in refused.items() if reason not in self.BENIGN)
-        if not bad and not parked:
-            return
-        s = self._peers.setdefault(peer, _Strikes())
-        s.refused += bad
-        if parked:
-            if now_ms - s.parked_since_ms > self.parked_window_ms:
-                s.parked, s.parked_since_ms = 0, now_ms
-            s.parked += parked
-        if s.refused >= self.threshold or s.parked > self.parked_threshold:
-            s.until_ms = now_ms + min(self.max_ms, self.base_ms * (2 ** s.level))
-            s.level += 1
-            s.refused = 0
-            s.parked, s.parked_since_ms = 0, now_ms
-        if len(self._peers) > 10_000:  # bounded: forget the oldest
-            self._peers.pop(next(iter(self._peers)))
-
-    def room(self, peer: str, now_ms: int) -> int:
-        """How many more entries ``peer`` may park before it is backed off (at least 1): a push
-        is cut into chunks no larger, so it stops right where the bound is passed."""
-        s = self._peers.get(peer)
-        if s is None or now_ms - s.parked_since_ms > self.parked_window_ms:
-            return self.parked_threshold + 1
-        return max(1, self.parked_threshold + 1 - s.parked)
-
-    def status(self, peer: str, now_ms: int) -> dict[str, Any]:
-        s = self._peers.get(peer)
-        return {"backoff_ms": self.blocked_for(peer, now_ms), "strikes": s.refused if s else 0,
-                "parked": s.parked if s else 0, "level": s.level if s else 0}
-
-
 class SyncServer:
     def __init__(self, key: SigningKey, node: ServedNode, *, verifier: RequestVerifier | None = None,
                  backoff: PushBackoff | None = None) -> None:
@@ -173,7 +149,7 @@ class SyncServer:
             except StopIteration as done:
                 return done.value
 
-    def steps(self, method: str, path: str, headers: dict[str, str], body: bytes,
+    def steps(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
               now_ms: int | None = None) -> Generator[str, None, Response]:
         """The request as steps, for a driver that lets other work run between them.
 
@@ -217,7 +193,7 @@ class SyncServer:
         return Response(status, {**sign_response(self.key, status, payload, caller),
                                  "content-type": "application/msgpack"}, payload)
 
-    def _before_decoding(self, op: str, body: bytes, caller: Caller, now: int) -> tuple[int, Any] | None:
+    def _before_decoding(self, op: str, body: bytes | bytearray, caller: Caller, now: int) -> tuple[int, Any] | None:
         """What can be answered from the signed envelope and the body's ``db`` field alone: a
         caller that may not read the database (or a pusher in backoff) costs no decoding."""
         if op in ("hello", "redeem"):  # no database yet / the invite in the body is the proof
@@ -233,7 +209,7 @@ class SyncServer:
         if op == "push":
             blocked = self.backoff.blocked_for(caller.key, now)
             if blocked:
-                return 429, _backoff_reply(blocked)
+                return 429, backoff_reply(blocked)
         return None
 
     def _plain(self, status: int, reply: m.ErrorReply) -> Response:
@@ -247,26 +223,23 @@ class SyncServer:
         the caller's Read are checked again between slices."""
         blocked = self.backoff.blocked_for(caller.key, now)
         if blocked:
-            return 429, _backoff_reply(blocked)
+            return 429, backoff_reply(blocked)
         source = f"peer:{caller.key}"
         stored = pending = duplicates = 0
         refused: dict[str, int] = {}
         entries = request.entries
-        i = 0
-        size = PUSH_SLICE_ENTRIES
+        intake = Intake()
+        intake.start(entries)
         started = time.monotonic()
-        while i < len(entries):
-            if i and time.monotonic() - started >= SLICE_S:
+        while intake.more():
+            if intake.done and time.monotonic() - started >= SLICE_S:
                 yield SLICE
                 started = time.monotonic()
-                db = self.node.readable(request.db, caller.key)
-                if db is None:
+                still = self.node.readable(request.db, caller.key)
+                if still is None:
                     return 404, NOT_FOUND
-            chunk = entries[i:i + min(size, self.backoff.room(caller.key, now))]
-            i += len(chunk)
-            t0 = time.monotonic()
-            result = db.ingest(chunk, source=source)
-            size = next_chunk(len(chunk), time.monotonic() - t0, size)
+                db = still
+            result = intake.next(db, source, room=self.backoff.room(caller.key, now))
             here: dict[str, int] = {}
             for _id, reason, _detail in result.rejected:
                 here[reason] = here.get(reason, 0) + 1
@@ -276,11 +249,11 @@ class SyncServer:
             pending += len(result.pending)
             duplicates += result.duplicates
             blocked = self.backoff.blocked_for(caller.key, now)
-            if blocked and i < len(entries):
+            if blocked and intake.more():
                 # What was taken in stays, and the pusher is told what it was and why it was cut;
                 # the rest is not looked at (the pusher sends it again).
                 why = ", ".join(f"{r} {n}" for r, n in sorted(refused.items())) or "none"
-                return 429, _backoff_reply(blocked, f" (of this push's {len(entries)} entries, {i} were looked at: "
+                return 429, backoff_reply(blocked, f" (of this push's {len(entries)} entries, {intake.done} were looked at: "
                                                     f"{stored} stored, {pending} parked, {duplicates} already "
                                                     f"held; refused: {why})")
         return 200, m.PushReply(stored, pending, duplicates, refused)
@@ -303,8 +276,7 @@ class SyncServer:
                 wanted = set(request.want)
                 ids = [i for i in ids if i in wanted or (db.height_of(i), i) > request.after]
             entries, n = db.page(ids, max(1, request.max_bytes))
-            last = ids[n - 1] if n else None
-            cursor = (db.height_of(last), last) if last else request.after
+            cursor = _cursor_at(db, ids[n - 1]) if n else request.after
             return 200, m.PullReply(entries, cursor, n < len(ids))
         if op == "push":
             return (yield from self._push(db, request, caller, now))
@@ -315,57 +287,6 @@ class SyncServer:
 
 
 # ------------------------------------------------------------------------ client
-class SyncError(MemmeshError):
-    """A sync request the peer answered with an error, or whose answer does not verify."""
-
-    def __init__(self, reason: str, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    op: str
-    request: SignedRequest
-
-
-class Client:
-    """Signs requests and checks responses (sans-IO: the caller moves the bytes)."""
-
-    def __init__(self, key: SigningKey, clock: Callable[[], int] = _now_ms) -> None:
-        self.key = key
-        self.clock = clock
-
-    def request(self, target: str, message: Any) -> Outgoing:
-        body = m.pack(message.encode())
-        return Outgoing(message.op, sign_request(self.key, "POST", PREFIX + message.op, body, target, self.clock()))
-
-    def reply(self, out: Outgoing, status: int, headers: dict[str, str], body: bytes) -> tuple[str, Any]:
-        """The verified reply (and the key of the node that sent it); SyncError otherwise."""
-        try:
-            node = verify_response(out.request, str(self.key.public), status, headers, body)
-        except EnvelopeError as exc:
-            # An unsigned error is the server refusing our signature, time or nonce.
-            if status in (401, 503) and "memmesh-signature" not in {k.lower() for k in headers}:
-                try:
-                    err = m.ErrorReply.decode(m.unpack(body))
-                    raise SyncError(err.error, err.message, status) from None
-                except RejectedError:
-                    pass
-            raise SyncError(exc.reason, str(exc), status) from None
-        if status != 200:
-            try:
-                err = m.ErrorReply.decode(m.unpack(body))
-            except RejectedError as exc:
-                raise SyncError("sync.bad_message", f"status {status} with a malformed body: {exc}", status) from None
-            raise SyncError(err.error, err.message, status)
-        try:
-            return node, m.decode_reply(out.op, body)
-        except RejectedError as exc:
-            raise SyncError(exc.reason, str(exc), status) from None
-
-
 @dataclass
 class ExchangeStats:
     lacking: int = 0  # entries we lacked, per the peer, when the exchange began
@@ -424,10 +345,8 @@ class Exchange:
         self._asked_again = False
         self._to_push: list[str] = []
         self._sent: int = 0  # how many of _to_push the last push request carried
-        self._page: Any = None  # the pulled page being taken in (``work``), and what is left of it
-        self._inbox: list[Any] = []
-        self._next = 0  # how much of _inbox has been taken in
-        self._chunk = PUSH_SLICE_ENTRIES  # entries per ingest call, sized to the rate (next_chunk)
+        self._page: Any = None  # the pulled page being taken in (``work``)
+        self._intake = Intake()  # its entries, and how many have been taken in
         self._blinded = False  # the last pull request told the peer nothing of ours
 
     @property
@@ -470,7 +389,7 @@ class Exchange:
         if self._stage == "push":
             entries, n = db.page(self._to_push, self.page_bytes)
             self._sent = n
-            self.stats.bytes_out += sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in entries)
+            self.stats.bytes_out += wire_bytes(entries)
             return m.PushRequest(db.id, entries)
         if self._stage == "peers":
             return m.PeersRequest(db.id, list(self._known_peers or []))
@@ -490,9 +409,9 @@ class Exchange:
             self._first_pull = False
             self.stats.pages += 1
             if reply.entries:
-                self.stats.bytes_in += sum(len(h) + sum(len(p) for p in ps.values() if p) for h, ps in reply.entries)
+                self.stats.bytes_in += wire_bytes(reply.entries)
             self._page = reply
-            self._inbox, self._next = reply.entries, 0
+            self._intake.start(reply.entries)
             self.work()
         elif self._stage == "push":
             self.stats.pages += 1
@@ -515,24 +434,21 @@ class Exchange:
         time), so that a large page never holds the database thread for long: a driver calls it
         again, as a new job, while it returns True. ``next_message`` finishes what is left."""
         started = time.monotonic()
-        while self._next < len(self._inbox):
-            chunk = self._inbox[self._next:self._next + self._chunk]
-            self._next += len(chunk)
+        while self._intake.more():
             try:
-                t0 = time.monotonic()
-                result = self.db.ingest(chunk, source=f"peer:{self.peer}")
-                self._chunk = next_chunk(len(chunk), time.monotonic() - t0, self._chunk)
+                result = self._intake.next(self.db, f"peer:{self.peer}")
             except StorageError as exc:
                 # The exchange fails like any sync failure (the link's status says why);
                 # what the page held that was not stored, the next exchange pulls again.
-                self._inbox, self._next, self._page = [], 0, None
+                self._intake.start(())
+                self._page = None
                 raise SyncError("sync.storage", f"could not store what {self.peer} sent: {exc}") from exc
             self.stats.pulled += len(result.accepted) + len(result.stored_rejected)
             self._page_stored += len(result.accepted) + len(result.stored_rejected) + len(result.filled)
             self.stats.pulled_pending += len(result.pending)
             for _id, reason, _detail in result.rejected:
                 self.stats.pulled_refused[reason] = self.stats.pulled_refused.get(reason, 0) + 1
-            if self._next < len(self._inbox) and time.monotonic() - started >= SLICE_S:
+            if self._intake.more() and time.monotonic() - started >= SLICE_S:
                 return True
         if self._page is not None:
             self._page_done(self._page)
@@ -561,7 +477,3 @@ class Exchange:
         if self._do_push and self._to_push:
             return "push"
         return "peers" if self._known_peers is not None else "done"
-
-
-def hello(client: Client, target: str = ANY_TARGET) -> Outgoing:
-    return client.request(target, m.Hello())

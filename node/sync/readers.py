@@ -13,19 +13,20 @@ older version granted invite keys Read): its holder redeems it and syncs under i
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from memmesh.auth.permissions import READ_LEVEL, holds
 from memmesh.crdt.database import Database
 from memmesh.node.sync.messages import PeerInfo
 
 if TYPE_CHECKING:
-    from memmesh.node.library import Node
+    from memmesh.node.sync.host import SyncHost
 
 NO_GRANT = "sync.no_grant"
 
 
-def refusal(node: "Node", db: Database, key: str) -> str | None:
+def refusal(node: SyncHost, db: Database, key: str) -> str | None:
     """Why nothing of ``db`` may go to ``key`` now (one line naming the bank), or None when it
     may: it holds Read or more in the bank's settings as this node has them."""
     if node.sync.is_invite(key):
@@ -37,14 +38,14 @@ def refusal(node: "Node", db: Database, key: str) -> str | None:
     return f"{key} holds no grant on {_bank(node, db)}{why}"
 
 
-def may_read(node: "Node", db: Database, key: str) -> bool:
+def may_read(node: SyncHost, db: Database, key: str) -> bool:
     return refusal(node, db, key) is None
 
 
-def readers(node: "Node", db: Database, peers: Iterable[PeerInfo]) -> list[PeerInfo]:
+def readers(node: SyncHost, db: Database, peers: Iterable[PeerInfo]) -> list[PeerInfo]:
     """The peers among ``peers`` that may read ``db`` now (peer exchange, both directions)."""
     return [p for p in peers if may_read(node, db, p.key)]
 
 
-def _bank(node: "Node", db: Database) -> str:
+def _bank(node: SyncHost, db: Database) -> str:
     return node.agents.name_of(db.id)  # the local name, else the display name, else the id

@@ -15,14 +15,18 @@
 * **Discovery** (optional): announce this node on the LAN and look peers up by key when an
   address hint fails.
 
-Every database call runs on the node's database thread (``node.network.runner()``).
+Every database call runs through the runner the service is built with (serve's database
+thread); its events go to the publisher it is built with. It is the node's PeerDiscovery and
+SyncTrigger under serve (node/worker.py): both answer nothing until the daemon starts.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -35,6 +39,7 @@ from memmesh.node.sync import readers, sharing
 from memmesh.node.sync.http import HttpTransport, call, run_exchange, sync_app_routes
 from memmesh.node.sync.protocol import EXCHANGE_S, Client, Exchange, SyncError, SyncServer
 from memmesh.node.sync.state import Lag, lag
+from memmesh.node.worker import OFFLINE, EventPublisher, Runner, run_here
 
 if TYPE_CHECKING:
     from memmesh.node.library import Node
@@ -48,7 +53,7 @@ HELLO_BACKOFF_CAP_S = 300.0
 class ServedNode:
     """What the sync server asks of the node (runs on the database thread)."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
 
     def readable(self, db_id: str, caller: str) -> Database | None:
@@ -83,9 +88,14 @@ class ServedNode:
 
 
 class SyncService:
-    def __init__(self, node: "Node", *, address: str, discovery: bool = True, interval_s: float = 5.0,
-                 fanout: int = 3, seed: int | None = None, peers: Sequence[str] = ()) -> None:
+    def __init__(self, node: Node, *, address: str, discovery: bool = True, interval_s: float = 5.0,
+                 fanout: int = 3, seed: int | None = None, peers: Sequence[str] = (), run: Runner = run_here,
+                 events: EventPublisher = OFFLINE) -> None:
+        """``run``: how database calls run (serve: its database thread; by default in place);
+        ``events``: where peer and lag events go (serve: its event bus; by default nowhere)."""
         self.node = node
+        self._run = run
+        self._events = events
         self.address = address  # the address hint peers reach this node at: "http:host:port"
         self.discovery = discovery
         self.interval_s = interval_s
@@ -115,21 +125,16 @@ class SyncService:
     # ------------------------------------------------------------------ lifecycle
     def add_routes(self, app: web.Application) -> None:
         """Add the peer sync API (/sync/v1/*) to the serve app."""
-        sync_app_routes(app, self.server, self.node.network.runner())
+        sync_app_routes(app, self.server, self._run)
 
     async def start(self) -> None:
-        """Start the daemon (and discovery); node.network is already pointed at serve's loop."""
-        self._loop = asyncio.get_running_loop()
+        """Start the daemon (and discovery), on the loop it runs on."""
+        self._loop = asyncio.get_running_loop()  # from here on pokes and reloads reach the daemon
         self._wake = asyncio.Event()
         self._session = aiohttp.ClientSession()
-        run = self.node.network.runner()
-        await run(lambda: self.node.sync.set_address(self.address))
+        await self._run(lambda: self.node.sync.set_address(self.address))
         if self.discovery:
             await self._start_discovery()
-        loop = self._loop
-        self.node.network.lookup = self.discovered
-        self.node.network.discovered = lambda: self.status()["discovered"]
-        self.node.network.poke = lambda db_id: loop.call_soon_threadsafe(self._poke, db_id)
         self._tasks.append(asyncio.create_task(self._daemon(), name="memmesh-sync-daemon"))
 
     async def stop(self) -> None:
@@ -138,8 +143,8 @@ class SyncService:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._running.values(), return_exceptions=True)
         self._tasks.clear()
-        run = self.node.network.runner()
-        for db_id, unsubscribe in list(self._unsubscribe.items()):
+        run = self._run
+        for unsubscribe in list(self._unsubscribe.values()):
             await run(unsubscribe)
         self._unsubscribe.clear()
         await run(self.node.sync.save_peers)
@@ -180,13 +185,19 @@ class SyncService:
 
         self._unsubscribe[db_id] = self.node.database(db_id).on_stored(stored)
 
+    def poke(self, db_id: str) -> None:
+        """Sync ``db_id`` soon (any thread; nothing before the daemon starts)."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._poke, db_id)
+
     def _poke(self, db_id: str) -> None:
         self._dirty.add(db_id)
         if self._wake is not None:
             self._wake.set()
 
     async def _daemon(self) -> None:
-        run = self.node.network.runner()
+        run = self._run
         last_full: float | None = None
         loop = asyncio.get_running_loop()
         while True:
@@ -208,7 +219,7 @@ class SyncService:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, last_full + self.interval_s - loop.time()))
                 await asyncio.sleep(PUSH_DEBOUNCE_S)  # gather the commits of one burst
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake.clear()
 
@@ -222,7 +233,7 @@ class SyncService:
         return shared
 
     async def _round(self, db_id: str, configured: Sequence[tuple[str, str]] = ()) -> None:
-        run = self.node.network.runner()
+        run = self._run
         targets = await run(lambda: self.targets(db_id, configured))
         results = await asyncio.gather(*(self.exchange(db_id, key, addrs) for key, addrs in targets.items()),
                                        return_exceptions=True)
@@ -335,7 +346,7 @@ class SyncService:
 
     async def _exchange(self, db_id: str, peer: str, addrs: list[str]) -> Exchange:
         assert self._session is not None
-        run = self.node.network.runner()
+        run = self._run
         candidates = list(addrs)
         if self._discovery is not None:
             found = self._discovery.find(peer)
@@ -358,7 +369,7 @@ class SyncService:
                 if exchange.stats.peer_feeds is not None:
                     seen = exchange.stats
                 continue
-            await run(lambda: self._record_success(db, peer, address, exchange))
+            await run(partial(self._record_success, db, peer, address, exchange))
             if exchange.stats.cut:  # its deadline stopped it: the rest goes in the next round, now
                 self._poke(db_id)
             return exchange
@@ -389,9 +400,9 @@ class SyncService:
         if self._connected.get(link) is not ok:
             self._connected[link] = ok
             if ok:
-                self.node.network.publish("peer.connected", {"peer": peer, "db": db_id})
+                self._events.publish("peer.connected", {"peer": peer, "db": db_id})
             else:
-                self.node.network.publish("peer.lost", {"peer": peer, "db": db_id, "error": error})
+                self._events.publish("peer.lost", {"peer": peer, "db": db_id, "error": error})
         self._tell_lag(db_id, peer)
 
     def _tell_lag(self, db_id: str, peer: str | None = None) -> None:
@@ -407,7 +418,7 @@ class SyncService:
             before = self._lags.get(link, Lag(0, 0))
             self._lags[link] = now
             if now != before:
-                self.node.network.publish("lag.changed", {
+                self._events.publish("lag.changed", {
                     "db": db_id, "bank": self.node.agents.name_of(db_id), "peer": status.peer,
                     "peer_lacks": now.peer_lacks, "we_lack": now.we_lack})
 
@@ -420,11 +431,17 @@ class SyncService:
                 "interval_s": self.interval_s, "fanout": self.fanout, "peers": list(self.peers),
                 "discovered": discovered}
 
-    def discovered(self, key: str) -> list[str]:
+    # ------------------------------------------------------------------ discovery (PeerDiscovery)
+    def lookup(self, key: str) -> list[str]:
+        """The addresses the LAN announces for ``key``."""
         if self._discovery is None:
             return []
         found = self._discovery.find(key)
         return list(found.addresses) if found else []
+
+    def discovered(self) -> list[dict[str, Any]]:
+        """The peers seen on the LAN."""
+        return list(self.status()["discovered"])
 
 
 def _loopback(host: str) -> bool:

@@ -27,10 +27,12 @@ the copied bank all check out: the bank is copied into memory first, then stored
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -69,7 +71,7 @@ def _perm_rank(perm: str) -> int:
 
 
 # ----------------------------------------------------------------------------- issuing
-def _peer_admin_plan(node: "Node", bank: Any) -> tuple[int, list[GrantOp]]:
+def _peer_admin_plan(node: Node, bank: Any) -> tuple[int, list[GrantOp]]:
     """The admin priority the node's peer key holds, or would hold, on the bank, and the grant
     that makes it an admin (none if it is one): nothing is written here."""
     peer = str(node.peer_key.public)
@@ -85,7 +87,7 @@ def _peer_admin_plan(node: "Node", bank: Any) -> tuple[int, list[GrantOp]]:
     return priority, [GrantOp(peer, ADMIN, priority)]
 
 
-def ensure_peer_admin(node: "Node", bank_ref: str) -> tuple[Any, int]:
+def ensure_peer_admin(node: Node, bank_ref: str) -> tuple[Any, int]:
     """Make the node's peer key an admin of the bank (if it is not); returns (bank, priority)."""
     bank = node.agents.resolve(bank_ref)
     priority, ops = _peer_admin_plan(node, bank)
@@ -102,7 +104,7 @@ class Shared:
     db: str
 
 
-def share(node: "Node", bank_ref: str, *, perm: str, recipient: str | None, expires_s: int,
+def share(node: Node, bank_ref: str, *, perm: str, recipient: str | None, expires_s: int,
           address: str) -> Shared:
     # Every input is checked, and the ticket signed, before the first write: a refused share
     # leaves the bank's settings as they were.
@@ -157,13 +159,13 @@ class Unshared:
     invites_ended: int  # outstanding invites (unused, unexpired) ended by this unshare
 
 
-def unshare(node: "Node", bank_ref: str) -> Unshared:
+def unshare(node: Node, bank_ref: str) -> Unshared:
     bank = node.agents.resolve(bank_ref)
     ended = end_invites(node, bank.db.id, "unshared")
     return Unshared(bank.name, bank.db.id, node.sync.unshare(bank.db.id), ended)
 
 
-def end_invites(node: "Node", db_id: str, why: str) -> int:
+def end_invites(node: Node, db_id: str, why: str) -> int:
     """End every invite of ``db_id`` not yet redeemed (``why``: "unshared", "deleted"): none of
     them redeems afterwards, even if the bank is shared again. Returns how many were still
     outstanding (unexpired). Idempotent."""
@@ -179,7 +181,7 @@ def end_invites(node: "Node", db_id: str, why: str) -> int:
     return ended
 
 
-def revoke_old_invite_grants(node: "Node") -> int:
+def revoke_old_invite_grants(node: Node) -> int:
     """Revoke the Read grants older versions gave this node's invite keys, in every bank it
     holds (one settings entry per bank that has any); how many keys. For serve's start: this
     node never serves those keys, but other replicas do until the revocation reaches them."""
@@ -190,12 +192,12 @@ def revoke_old_invite_grants(node: "Node") -> int:
     return revoked
 
 
-def _invite_grant_revocations(node: "Node", db: Database) -> list[RevokeOp]:
+def _invite_grant_revocations(node: Node, db: Database) -> list[RevokeOp]:
     """Revocations of the grants an older version gave this node's invite keys on ``db``."""
     return [RevokeOp(key) for key, _invite in node.sync.invites(db.id) if db.permission(key) is not None]
 
 
-def _revoke_invite_grants(node: "Node", db: Database) -> int:
+def _revoke_invite_grants(node: Node, db: Database) -> int:
     """One settings entry revoking those grants, if any; how many keys it revoked."""
     ops = _invite_grant_revocations(node, db)
     if not ops:
@@ -209,7 +211,7 @@ def _revoke_invite_grants(node: "Node", db: Database) -> int:
 
 
 # ----------------------------------------------------------------------------- redeeming
-def _proven(node: "Node", db_id: str, caller: str, text: str, perm: str, proof: bytes) -> Ticket | None:
+def _proven(node: Node, db_id: str, caller: str, text: str, perm: str, proof: bytes) -> Ticket | None:
     """The ticket if the request proves that its caller holds the secret of an invite this node
     signed for ``db_id``, else None. The work done here depends on the request alone, never on
     what this node holds: a stranger cannot tell a shared id from another by timing it."""
@@ -226,7 +228,7 @@ def _proven(node: "Node", db_id: str, caller: str, text: str, perm: str, proof: 
     return ticket
 
 
-def redeem(node: "Node", db_id: str, caller: str, text: str, perm: str, proof: bytes) -> str | None:
+def redeem(node: Node, db_id: str, caller: str, text: str, perm: str, proof: bytes) -> str | None:
     """The issuing node's side of an invite (runs on the database thread): the settings entry
     that grants ``caller``; None (answered like an unknown database) unless the caller proves
     it holds an invite this node issued for ``db_id``; TicketRejected after that."""
@@ -279,7 +281,7 @@ class Imported:
     address: str
 
 
-def _check_import(node: "Node", text: str, perm: str, name: str | None) -> tuple[Ticket, str | None]:
+def _check_import(node: Node, text: str, perm: str, name: str | None) -> tuple[Ticket, str | None]:
     ticket = decode(text.strip())
     check(ticket, now=int(time.time()), importer=str(node.peer_key.public))
     if _perm_rank(perm) < _perm_rank(ticket.perm):
@@ -296,14 +298,14 @@ def _check_import(node: "Node", text: str, perm: str, name: str | None) -> tuple
     return ticket, name
 
 
-def _name_free(node: "Node", name: str) -> None:
+def _name_free(node: Node, name: str) -> None:
     check_name(name, "bank")
     taken = node.registry.name_taken(name)
     if taken:
         raise NameTaken(f"{name!r} is already {taken} on this node; import with --name OTHER; nothing was written")
 
 
-async def import_ticket(node: "Node", text: str, perm: str, name: str | None, run: Runner,
+async def import_ticket(node: Node, text: str, perm: str, name: str | None, run: Runner,
                         lookup: Callable[[str], list[str]] = lambda key: []) -> Imported:
     """Verify the ticket, reach its issuer, redeem (invite), copy the bank; store and register it.
 
@@ -348,7 +350,7 @@ async def import_ticket(node: "Node", text: str, perm: str, name: str | None, ru
             except SyncError as exc:
                 raise ShareError(f"could not copy the bank from {address}: {exc}; nothing was written, "
                                  "run the import again") from None
-            return await run(lambda: _register(node, ticket, perm, name, address, staging))
+            return await run(functools.partial(_register, node, ticket, perm, name, address, staging))
     raise ShareError("could not reach the ticket's issuer (" + "; ".join(errors) + "); check that its "
                      "`memmesh serve` runs, or ask for a ticket with a current address")
 
@@ -372,7 +374,7 @@ def _staging(db_id: str) -> Database:
     return Database.open(storage, db_id)
 
 
-def _register(node: "Node", ticket: Ticket, perm: str, name: str | None, address: str,
+def _register(node: Node, ticket: Ticket, perm: str, name: str | None, address: str,
               staging: Database) -> Imported:
     """Check the copied bank and its name, then store and register it (the first write here)."""
     if not staging.is_accepted(ticket.db) or staging.meta().get("kind") not in ("bank", "agent"):
@@ -401,7 +403,7 @@ def _register(node: "Node", ticket: Ticket, perm: str, name: str | None, address
     return Imported(name, db.id, held.level, len(db), ticket.issuer, address)
 
 
-def _store(node: "Node", db_id: str, staging: Database, source: str) -> Database:
+def _store(node: Node, db_id: str, staging: Database, source: str) -> Database:
     """The staged entries into this node's storage: a new database in one transaction (each
     passed the whole pipeline in staging, as on a restart nothing is verified twice); a
     database kept here already (an archived bank) takes them through ingest."""

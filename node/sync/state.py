@@ -96,7 +96,7 @@ class SyncState:
         self.self_key = self_key
         self._book: PeerBook | None = None
         self._links: dict[tuple[str, str], LinkStatus] = {}
-        for key, raw in storage.items_local(NS_STATUS):
+        for _, raw in storage.items_local(NS_STATUS):
             try:
                 status = LinkStatus(**json.loads(raw))
             except (TypeError, ValueError):
@@ -167,11 +167,18 @@ class SyncState:
         nothing parsed: the sync server asks it for every request)."""
         return self._s.get_local(NS_INVITES, key) is not None
 
-    def invites(self, db_id: str | None = None) -> list[tuple[str, Invite]]:
-        """(invite key, record) of every invite this node issued (for ``db_id`` only, if given)."""
+    def invites(self, db_id: str | None = None, *, skip_damaged: bool = False) -> list[tuple[str, Invite]]:
+        """(invite key, record) of every invite this node issued (for ``db_id`` only, if given).
+        ``skip_damaged``: pass over a record that cannot be read (where a listing only names
+        keys; `memmesh check` reports the damage) rather than refuse."""
         out = []
         for key, raw in self._s.items_local(NS_INVITES):
-            invite = self._invite(key, raw)
+            try:
+                invite = Invite(**json.loads(raw))
+            except (TypeError, ValueError) as exc:
+                if skip_damaged:
+                    continue
+                raise self._damaged(NS_INVITES, key, exc) from exc
             if db_id is None or invite.db == db_id:
                 out.append((key, invite))
         return out

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -31,7 +32,10 @@ class Embedder(Protocol):
 
     provider: str
     model: str
-    dim: int
+
+    @property
+    def dim(self) -> int:  # read-only: a remote embedder learns it from its first reply
+        ...
 
     @property
     def store_name(self) -> str:  # f"embeddings:{provider}/{model}"

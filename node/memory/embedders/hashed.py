@@ -24,9 +24,9 @@ import hashlib
 import math
 import re
 import unicodedata
-from collections import Counter
+from collections import defaultdict
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
@@ -37,13 +37,7 @@ _PERSON = b"memmesh-hash-v1"
 
 # Small, fixed (part of the algorithm): only down-weighted, never dropped.
 STOPWORDS = frozenset(
-    """a about above after again against all am an and any are as at be because been before being
-    below between both but by can could did do does doing down during each few for from further had
-    has have having he her here hers herself him himself his how if in into is it its itself just me
-    more most my myself no nor not now of off on once only or other our ours ourselves out over own
-    same she should so some such than that the their theirs them themselves then there these they
-    this those through to too under until up very was we were what when where which while who whom
-    why will with would you your yours yourself yourselves""".split()
+    ["a", "about", "above", "after", "again", "against", "all", "am", "an", "and", "any", "are", "as", "at", "be", "because", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could", "did", "do", "does", "doing", "down", "during", "each", "few", "for", "from", "further", "had", "has", "have", "having", "he", "her", "here", "hers", "herself", "him", "himself", "his", "how", "if", "in", "into", "is", "it", "its", "itself", "just", "me", "more", "most", "my", "myself", "no", "nor", "not", "now", "of", "off", "on", "once", "only", "or", "other", "our", "ours", "ourselves", "out", "over", "own", "same", "she", "should", "so", "some", "such", "than", "that", "the", "their", "theirs", "them", "themselves", "then", "there", "these", "they", "this", "those", "through", "to", "too", "under", "until", "up", "very", "was", "we", "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours", "yourself", "yourselves"]
 )
 
 WORD_WEIGHT = 1.0
@@ -60,7 +54,7 @@ def tokenize(text: str) -> list[str]:
 
 def features(text: str) -> dict[str, float]:
     """The weighted features of one text (step 1-3 of the algorithm, before sqrt)."""
-    acc: Counter[str] = Counter()
+    acc: defaultdict[str, float] = defaultdict(float)
     for tok in tokenize(text):
         if tok in STOPWORDS:
             acc["w:" + tok] += STOPWORD_WEIGHT

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import ssl
 import time
 import urllib.parse
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +79,7 @@ class _HttpJsonClient:
         def remaining() -> float:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout("deadline")
+                raise TimeoutError("deadline")
             return left
 
         payload = json.dumps(body).encode("utf-8")
@@ -120,7 +120,7 @@ class _HttpJsonClient:
             status = resp.status
         except EmbedderError:
             raise
-        except (socket.timeout, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise EmbedderError(f"{self.what}: no complete reply from {url} within {self.timeout_s:g} s") from exc
         except ssl.SSLError as exc:
             raise EmbedderError(f"{self.what}: TLS error talking to {url}: {exc}") from exc

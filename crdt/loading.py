@@ -1,0 +1,94 @@
+"""Reading a database's stored log back into a fresh ``LogIndex`` on open, and the one line a
+damaged or unreadable log is reported with.
+
+Everything in storage passed the whole pipeline before it was written, so signatures are not
+checked again (that would be most of the cost of opening a database). Hashes are: an entry's id
+is the sha256 of its header, which holds its payloads' digests, so any change to stored bytes
+shows, for about one hash per entry (crdt/stored_check.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from memmesh.crdt.errors import DamagedError, StorageError
+from memmesh.crdt.log_index import IndexedEntry, LogIndex
+from memmesh.crdt.storage import Storage
+from memmesh.crdt.stored_check import Damage, check_stored
+from memmesh.crdt.yjs import Row
+
+REPAIR = ("run: memmesh check --repair (it fetches damaged entries again from peers), "
+          "or restore a backup (memmesh restore)")
+
+# What reading a damaged log can raise: the adapter's errors, and values of the wrong type
+# where bytes or text were stored.
+UNREADABLE = (StorageError, TypeError, ValueError)
+
+Loaded = list[tuple[IndexedEntry, Mapping[str, tuple[Row, ...]]]]
+
+
+def short(entry_id: str) -> str:
+    """An id short enough for one line: ``sha256:`` and 12 hex digits."""
+    return entry_id if len(entry_id) <= 19 else entry_id[:19] + "..."
+
+
+def one_line(text: object) -> str:
+    return "".join(c if c.isprintable() else "?" for c in str(text))[:200]
+
+
+def where(storage: Storage) -> str:
+    path = getattr(storage, "path", None)  # SqliteStorage has one; MemoryStorage may not
+    return str(path) if path else f"the storage ({type(storage).__name__})"
+
+
+def unreadable(storage: Storage, db_id: str, exc: BaseException) -> DamagedError:
+    if isinstance(exc, DamagedError):
+        return exc  # the adapter named the file and what to do
+    return DamagedError(f"{where(storage)}: database {short(db_id)} cannot be read ({one_line(exc)}); {REPAIR}")
+
+
+def read_log(storage: Storage, db_id: str, index: LogIndex) -> Loaded:
+    """Index every stored entry; returns them with their rows, in storage order.
+
+    Raises DamagedError naming the first damaged entry when any is: nothing is applied from a
+    damaged database (the index is left partial, and the caller does not use it).
+    """
+    order: Loaded = []
+    damaged: list[Damage] = []
+    dependent = 0  # intact entries that descend from a damaged one
+    seen: set[str] = set()  # intact entries read so far
+    lost: set[str] = set()  # entries that cannot be applied: damaged, or descending from one
+    try:
+        for s in storage.entries(db_id):
+            try:
+                checked = check_stored(s, db_id)
+            except (TypeError, ValueError) as exc:  # a value of the wrong type where bytes were stored
+                checked = Damage(str(s.id), "entry.format", f"its stored values are unreadable ({exc})")
+            if isinstance(checked, Damage):
+                damaged.append(checked)
+                lost.add(checked.entry_id)
+                continue
+            before = (*checked.parents, *((checked.prev,) if checked.prev is not None else ()))
+            absent = [p for p in before if p not in seen]
+            if absent:
+                lost.add(checked.id)
+                if any(p in lost for p in absent):
+                    dependent += 1
+                else:  # stored without its past: rows lost from the file, or an order changed
+                    damaged.append(Damage(checked.id, "entry.order",
+                                          f"it names {short(absent[0])}, which is not stored before it"))
+                continue
+            seen.add(checked.id)
+            if not damaged:  # nothing is applied from a damaged database: past that, only count
+                order.append(index.index_stored(checked))
+    except UNREADABLE as exc:
+        raise unreadable(storage, db_id, exc) from exc
+    if damaged:
+        first = damaged[0]
+        n = len(damaged)
+        more = f", and {dependent} more that depend on them" if dependent else ""
+        raise DamagedError(
+            f"{where(storage)} is damaged: database {short(db_id)} has {n} damaged stored "
+            f"entr{'y' if n == 1 else 'ies'} (the first, {short(first.entry_id)}: {one_line(first.detail)}){more}; "
+            f"{REPAIR}"
+        )
+    return order

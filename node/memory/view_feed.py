@@ -1,0 +1,319 @@
+"""A memory view's docs and indexes kept in step with its database's rows.
+
+Events
+    ``RowsAdded`` for ``memory`` and for the active embeddings store update the view in
+    O(tokens) per row; ``Rebuilt`` (verdicts changed, e.g. a revocation voided rows, or a
+    payload was erased) marks it stale and the next call rebuilds it from ``db.rows``. An error
+    inside the listener is logged and also leads to a rebuild; it never reaches the database.
+
+Rebuild (on construction, e.g. the first recall after opening a node, and after ``Rebuilt``)
+    In bulk: every row is read once, docs numbered in T order, then one
+    :meth:`InvertedIndex.add_many`, one :meth:`Subset.add_many` and one
+    :meth:`VectorIndex.add_many` per block and vector length, with the cyclic GC paused. It
+    gives the same recall results, bit for bit, as a view fed the same rows one by one (tested).
+
+Threads
+    The public methods take the view's lock. Auto-recall searches several views at once from a
+    pool of threads while the database thread goes on (node/memory/service.py), so a database
+    event may arrive while another thread holds the lock: it is queued and applied, in order,
+    by whoever holds the lock next, before that call reads anything. The event handler never
+    waits, so a long search never blocks a database write. The caller still serialises access
+    to the database itself (the database thread).
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, TypeVar
+
+import numpy as np
+
+from memmesh.crdt.database import Database, Rebuilt, RowRecord, RowsAdded
+
+from .heap import release_freed_memory
+from .quarantine import QUARANTINE_STORE, Quarantine
+from .recall_args import check_dim, check_store
+from .recall_index import Order, RecallIndex
+from .rows import MEMORY_STORE, SUPERSEDES, Memory, parse_embedding, parse_embeddings, parse_memory
+from .timetable import TimeTable
+
+log = logging.getLogger("memmesh.node.memory.view")  # one logger for the whole view: its lines keep their name
+
+_NEVER: Order = (-1, "", -1)  # before every row in T order
+
+P = ParamSpec("P")
+R = TypeVar("R")
+V = TypeVar("V", bound="ViewFeed")
+
+
+def locked(fn: Callable[Concatenate[V, P], R]) -> Callable[Concatenate[V, P], R]:
+    """A public method of a view: under the view's lock, after the queued events."""
+    @functools.wraps(fn)
+    def wrapper(self: V, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            self._drain()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                self._drain()
+    return wrapper
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic collections while a rebuild allocates (it makes no cycles): a full
+    collection over a large heap, triggered again and again by the allocations, would
+    otherwise cost more than the rebuild."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@dataclass
+class Past:
+    """The causal past of one entry: which docs (and timeline items) it holds."""
+
+    entry_id: str
+    vv: dict[str, int]  # author -> highest seq in the past (the entry included)
+    version: int  # the view's version it was computed at
+    docs: np.ndarray  # boolean over docs
+    items: np.ndarray | None = None  # boolean over timeline items, on first need
+
+    def knows(self, m: Memory, seq: int) -> bool:
+        return self.vv.get(m.author, -1) >= seq
+
+
+class ViewFeed:
+    """The docs of one database's memory rows, their indexes and timelines, fed by its events
+    (or rebuilt from its rows); MemoryView answers queries over them."""
+
+    def __init__(self, db: Database, *, embedding_store: str | None = None, dim: int | None = None,
+                 lazy: bool = False) -> None:
+        """``lazy``: build the index on first use, not here (a serving node builds it on a
+        search thread, not on the database thread)."""
+        self._db = db
+        self._store = check_store(embedding_store)
+        self._dim = check_dim(dim)
+        self._stale = True
+        self._lock = threading.RLock()
+        self._backlog: deque[RowsAdded | Rebuilt] = deque()
+        self._reset()
+        db.subscribe(self._on_event)
+        if not lazy:
+            with self._lock:
+                self._rebuild()
+
+    def close(self) -> None:
+        """Stop following the database (a replaced view must not keep receiving events)."""
+        self._db.unsubscribe(self._on_event)
+
+    # ---------------------------------------------------------------------------- state
+    def _reset(self) -> None:
+        self._ix = RecallIndex()
+        self._times = TimeTable(self._ix.cols, self._order_of)
+        self._current: dict[str, int] = {}  # memory key -> doc of its current row
+        self._history: dict[str, list[Memory]] = {}  # memory key -> every well-formed row of it
+        self._tombs: dict[str, list[Memory]] = {}  # key -> rows of other keys superseding it
+        self._newest: dict[str, Memory] = {}  # key -> its newest row (current unless retired)
+        self._retired: dict[str, Order] = {}  # key -> T order of the newest tombstone naming it
+        self._key_ids: dict[str, int] = {}  # key -> its group in the timeline table
+        self._seen: set[str] = set()  # row keys of every memory row seen (malformed ones too)
+        self._pending: dict[str, dict[int, tuple[Order, np.ndarray]]] = {}  # row -> length -> vec
+        self._pasts: dict[str, Past] = {}
+        self._version = 0  # counts docs added: a cached past is valid for one version
+        self._qs: list[Quarantine] | None = None  # the bank's quarantines, read on need
+        self._hidden: tuple[int, np.ndarray | None] | None = None  # (docs, mask) for self._qs
+
+    def _order_of(self, doc: int) -> Order:
+        return self._ix.mem[doc].order
+
+    def _seq(self, entry_id: str) -> int:
+        entry = self._db.entry(entry_id)
+        return -1 if entry is None else entry.seq
+
+    def _key_id(self, key: str) -> int:
+        kid = self._key_ids.get(key)
+        if kid is None:
+            kid = self._key_ids[key] = len(self._key_ids)
+        return kid
+
+    def _current_index(self) -> RecallIndex:
+        if self._stale:
+            self._rebuild()
+        return self._ix
+
+    def _rebuild(self) -> None:
+        # Bulk: read every row once, docs in T order, then one bulk load per index. The result
+        # is the state that feeding the rows one by one would give (tested).
+        self._stale = True
+        self._reset()
+        with gc_paused():
+            mems: list[Memory] = []
+            seen = self._seen
+            for rec in self._db.rows(MEMORY_STORE):  # in T order
+                seen.add(rec.key)
+                m = parse_memory(rec)
+                if m is not None:
+                    mems.append(m)
+            seq_of: dict[str, int] = {}
+            seqs = [seq_of[m.entry_id] if m.entry_id in seq_of else seq_of.setdefault(m.entry_id, self._seq(m.entry_id))
+                    for m in mems]
+            ix = self._ix
+            ix.add_many(mems, seqs)
+            keys: list[int] = []
+            item_docs: list[int] = []
+            tombs: list[bool] = []
+            newest = self._newest
+            for doc, m in enumerate(mems):
+                for target in self._note(m):
+                    keys.append(self._key_id(target))
+                    item_docs.append(doc)
+                    tombs.append(True)
+                keys.append(self._key_id(m.key))
+                item_docs.append(doc)
+                tombs.append(False)
+                newest[m.key] = m  # rows come in T order: the last one is the newest
+            self._times.load(np.array(keys, dtype=np.int64), np.array(item_docs, dtype=np.int64),
+                             np.array(tombs, dtype=bool))
+            retired = self._retired
+            current = sorted(ix.row_doc[m.row_key] for m in newest.values()
+                             if retired.get(m.key, _NEVER) < m.order)
+            ix.make_current_many(current)
+            self._current = {mems[d].key: d for d in current}
+            self._version += 1
+            self._load_vectors()
+        self._stale = False
+        release_freed_memory()
+
+    def _load_vectors(self) -> None:
+        ix = self._ix
+        ix.vectors = {}
+        ix.old_vectors = {}
+        ix.vec_order = {}
+        self._pending = {}
+        if self._store is None:
+            return
+        with gc_paused():
+            records = self._db.rows(self._store)
+            best: dict[tuple[int, int], tuple[Order, np.ndarray]] = {}
+            row_doc, seen, pending = ix.row_doc, self._seen, self._pending
+            for rec, parsed in zip(records, parse_embeddings(records, self._dim)):
+                if parsed is None:
+                    continue
+                row, vec = parsed
+                doc = row_doc.get(row)
+                if doc is not None:  # the newest vector of each length (as index_vector)
+                    key = (doc, len(vec))
+                    prev = best.get(key)
+                    if prev is None or prev[0] < rec.order:
+                        best[key] = (rec.order, vec)
+                elif row not in seen:  # as _add_vector
+                    slot = pending.setdefault(row, {})
+                    prev = slot.get(len(vec))
+                    if prev is None or prev[0] < rec.order:
+                        slot[len(vec)] = (rec.order, vec)
+            del records
+            ix.index_vectors(best)
+
+    def _on_event(self, event: RowsAdded | Rebuilt) -> None:
+        # Runs inside the database's ingest: it must never raise, and never wait (a search
+        # thread may hold the lock; the event then waits in the backlog for it).
+        self._backlog.append(event)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+
+    def _drain(self) -> None:
+        """Apply the queued events, in order (the caller holds the lock)."""
+        backlog = self._backlog
+        while backlog:
+            event = backlog.popleft()
+            if self._stale:
+                continue  # the next call rebuilds from the database, which holds the event's rows
+            try:
+                if isinstance(event, Rebuilt):
+                    self._stale = True
+                elif isinstance(event, RowsAdded):
+                    if event.store == MEMORY_STORE:
+                        for rec in event.rows:
+                            self._add_memory(rec)
+                    elif event.store == self._store:
+                        for rec in event.rows:
+                            self._add_vector(rec)
+                    elif event.store == QUARANTINE_STORE:
+                        self._qs = None
+            except Exception:  # a bug here must not fail the database's write
+                log.exception("memory view of %s failed to apply an update; it will be rebuilt", self._db.id)
+                self._stale = True
+
+    def _add_memory(self, rec: RowRecord) -> None:
+        if rec.key in self._seen:
+            return
+        self._seen.add(rec.key)
+        pending = self._pending.pop(rec.key, None)
+        m = parse_memory(rec)
+        if m is None:
+            return
+        ix = self._ix
+        doc = ix.add(m, self._seq(m.entry_id))
+        self._version += 1
+        for target in self._note(m):
+            self._times.add(self._key_id(target), doc, True)
+            cur = self._current.get(target)
+            if cur is not None and ix.mem[cur].order < m.order:
+                ix.retire(cur)  # retired by a newer row's supersedes edge
+                del self._current[target]
+        self._times.add(self._key_id(m.key), doc, False)
+        newest = self._newest.get(m.key)
+        if newest is None or newest.order < m.order:
+            self._newest[m.key] = m
+            cur = self._current.pop(m.key, None)
+            if cur is not None:
+                ix.retire(cur)
+            if self._retired.get(m.key, _NEVER) < m.order:  # else a newer row of another key retired it
+                self._current[m.key] = doc
+                ix.make_current(doc)
+        # else: an older row arriving late, superseded from the start
+        if pending:
+            for order, vec in pending.values():
+                ix.index_vector(doc, order, vec)
+
+    def _note(self, m: Memory) -> list[str]:
+        """Record m in its key's history and as a tombstone of the other keys it supersedes;
+        returns those keys."""
+        self._history.setdefault(m.key, []).append(m)
+        targets = []
+        for edge in m.edges:
+            if edge.type == SUPERSEDES and edge.to != m.key and edge.to not in targets:
+                targets.append(edge.to)
+                self._tombs.setdefault(edge.to, []).append(m)
+                if self._retired.get(edge.to, _NEVER) < m.order:
+                    self._retired[edge.to] = m.order
+        return targets
+
+    def _add_vector(self, rec: RowRecord) -> None:
+        parsed = parse_embedding(rec, self._dim)
+        if parsed is None:
+            return
+        row, vec = parsed
+        doc = self._ix.row_doc.get(row)
+        if doc is not None:
+            self._ix.index_vector(doc, rec.order, vec)
+        elif row not in self._seen:
+            slot = self._pending.setdefault(row, {})
+            prev = slot.get(len(vec))
+            if prev is None or prev[0] < rec.order:
+                slot[len(vec)] = (rec.order, vec)
+        # else: the row is malformed; only a rebuild could make it a memory

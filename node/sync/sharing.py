@@ -281,9 +281,10 @@ class Imported:
     address: str
 
 
-def _check_import(node: Node, text: str, perm: str, name: str | None) -> tuple[Ticket, str | None]:
+def _check_import(node: Node, text: str, perm: str, name: str | None,
+                  clock: Callable[[], float]) -> tuple[Ticket, str | None]:
     ticket = decode(text.strip())
-    check(ticket, now=int(time.time()), importer=str(node.peer_key.public))
+    check(ticket, now=int(clock()), importer=str(node.peer_key.public))
     if _perm_rank(perm) < _perm_rank(ticket.perm):
         raise TicketRejected("ticket.permission", f"this ticket gives at most {ticket.perm}; import it with "
                                                   f"{ticket.perm} or less")
@@ -306,15 +307,17 @@ def _name_free(node: Node, name: str) -> None:
 
 
 async def import_ticket(node: Node, text: str, perm: str, name: str | None, run: Runner,
-                        lookup: Callable[[str], list[str]] = lambda key: []) -> Imported:
+                        lookup: Callable[[str], list[str]] = lambda key: [],
+                        clock: Callable[[], float] = time.time) -> Imported:
     """Verify the ticket, reach its issuer, redeem (invite), copy the bank; store and register it.
 
     The issuer is tried at the ticket's address hints, then at the addresses LAN discovery
     announces for its key (``lookup``): a discovered peer proves its key on first contact.
     The bank is copied into memory and written here only once it checks out, so a refused or
-    failed import leaves nothing on this node.
+    failed import leaves nothing on this node. ``clock``: seconds since the epoch, what the
+    ticket's expiry is checked against.
     """
-    ticket, name = await run(lambda: _check_import(node, text, perm, name))
+    ticket, name = await run(lambda: _check_import(node, text, perm, name, clock))
     client = Client(node.peer_key)
     errors = []
     async with aiohttp.ClientSession() as session:

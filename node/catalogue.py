@@ -28,6 +28,10 @@ CATALOGUE: tuple[ToolSpec, ...] = (
              read_only=True),
     ToolSpec("neighbors", "List the memories linked to one memory by typed edges, both ways (its links and "
                           "backlinks), across the banks this agent can read.", read_only=True),
+    ToolSpec("forget", "Forget a memory for good: erase every version of its key (and their vectors) on every "
+                       "replica, by signed erasures. Its author (with Write) or an Admin of the bank; preview: "
+                       "say what would be erased, erase nothing.", read_only=False, destructive=True,
+             idempotent=False),
 )
 TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in CATALOGUE)
 BY_NAME: dict[str, ToolSpec] = {t.name: t for t in CATALOGUE}

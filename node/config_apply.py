@@ -3,7 +3,9 @@
 ``apply_config(node, cfg)`` first checks everything that could refuse (names that clash with
 the node's agents and banks, a bank this node cannot grant on, an API-key variable that is not
 set, an embedder that cannot be built), and only then changes anything, each step only when it
-is not done already: a second apply of the same config writes no entry anywhere. The config
+is not done already: a second apply of the same config writes no entry anywhere. An agent's
+default banks are created, granted Write, referenced from its database and attached for every
+session (auto-recall searches them). The config
 becomes the config in force (``settings.applied``) once every step is done.
 
 ``reload_config(node)`` is what serve's start, SIGHUP and `memmesh reload` do: read
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from memmesh.auth.errors import MemmeshError
 from memmesh.auth.permissions import holds
-from memmesh.node.memory.agents import Agent, agent_state
+from memmesh.node.memory.agents import CONFIG_STORE, Agent, agent_state
 from memmesh.node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
 from memmesh.node.settings import APPLIED, CONFIG_FILE, ConfigFileError, NodeConfig, applied, load_config
 
@@ -89,6 +91,7 @@ def apply_config(node: Node, cfg: NodeConfig) -> list[str]:
         agent = node.agents.agent(spec.name)
         for bank in spec.default_memory_banks:
             changes += _default_bank(node, agent, bank)
+        changes += _attach_defaults(node, agent, spec.default_memory_banks)
     if embedder is not None:
         want, key = embedder
         node.set_embedder_config(want, api_key=key)
@@ -171,6 +174,25 @@ def _default_bank(node: Node, agent: Agent, name: str) -> list[str]:
         node.agents.write_ref(agent, {"op": "add", "bank": bank.db.id, "name": bank.name, "perm": perm.level})
         changes.append(f"bank {name} referenced from {agent.name}'s database")
     return changes
+
+
+def _attach_defaults(node: Node, agent: Agent, names: list[str]) -> list[str]:
+    """Each default bank is attached for every session of ``agent`` (auto-recall searches it, as
+    after `memory attach BANK --agent A`), in config order; the attachments missing are written
+    in one entry of the agent's database, and none when every one is there. A bank detached by
+    hand is attached again: the file is the floor."""
+    attached = agent_state(agent.db).attached.get(None, [])
+    missing: list[tuple[str, str]] = []
+    for name in names:
+        db_id = node.agents.resolve(name).db.id
+        if db_id not in attached and db_id != agent.db.id and all(db_id != d for d, _ in missing):
+            missing.append((db_id, name))
+    if not missing:
+        return []
+    with agent.db.transaction(agent.key) as txn:
+        for db_id, _ in missing:
+            txn.append(CONFIG_STORE, {"attach": db_id, "session": None})
+    return [f"bank {name} attached to {agent.name} (every session)" for _, name in missing]
 
 
 def _differences(old: NodeConfig, new: NodeConfig) -> list[str]:

@@ -26,7 +26,15 @@ rows), so the same entries and the same now give the same set on every replica:
   evidence of a promoted method (the episodes its promotion names, and every successful
   episode of its kind whose tool sequence is the method's).
 
-Memory rows are never touched: their life is supersession (docs/memory.md).
+* **Erasing retired memory rows** (only with ``erase_retired_memories``): a ``memory`` payload
+  whose every row has been no longer current (superseded by a newer row of its key, retired by
+  another key's ``supersedes`` edge, or past its ``valid_to``) for more than ``days``, counted
+  from the entry that superseded it or from its ``valid_to``; and each embeddings payload whose
+  every vector belongs to such rows (node/memory/forgetting.py). Current memories are never
+  erased by retention; without the option memory rows are never touched.
+
+The option is a field of the policy row only when it is on (``"erase_retired_memories": true``),
+so a policy without it is the same row as before, and every node reads both shapes.
 
 Erasures are the signed erase entries of the hardening issue (crdt/erasure.py): they replicate
 and every replica deletes the same payloads. The entries, their ids and signatures stay.
@@ -60,6 +68,7 @@ MAX_DAYS = 36_500
 MULTIPLIER = (0.1, 100.0)
 ERASES_PER_ENTRY = 256  # erase rows per signed entry: one entry per payload would be wasteful
 _FIELDS = frozenset({"op", "days", "compress_after", "success_x", "failure_x", "keep_promoted_evidence"})
+ERASE_MEMORIES = "erase_retired_memories"  # present (and true) only when the option is on
 
 
 class PolicyError(MemmeshError):
@@ -73,13 +82,17 @@ class Policy:
     success_x: float = 1.0
     failure_x: float = 1.0
     keep_promoted_evidence: bool = False
+    erase_retired_memories: bool = False
     entry: str | None = None  # the entry that holds it (None: not stored yet)
     by: str | None = None  # its signer
 
     def value(self) -> dict[str, Any]:
-        return {"op": "policy", "days": self.days, "compress_after": self.compress_after,
-                "success_x": self.success_x, "failure_x": self.failure_x,
-                "keep_promoted_evidence": self.keep_promoted_evidence}
+        out: dict[str, Any] = {"op": "policy", "days": self.days, "compress_after": self.compress_after,
+                               "success_x": self.success_x, "failure_x": self.failure_x,
+                               "keep_promoted_evidence": self.keep_promoted_evidence}
+        if self.erase_retired_memories:
+            out[ERASE_MEMORIES] = True
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.value(), "entry": self.entry, "by": self.by}
@@ -103,27 +116,31 @@ def _multiplier(what: str, x: Any) -> float:
 
 
 def policy_value(days: Any, compress_after: Any = None, success_x: Any = 1.0, failure_x: Any = 1.0,
-                 keep_promoted_evidence: Any = False) -> Policy:
+                 keep_promoted_evidence: Any = False, erase_retired_memories: Any = False) -> Policy:
     """A policy from user input; PolicyError with the rule when any part breaks it."""
-    if not isinstance(keep_promoted_evidence, bool):
-        raise PolicyError(f"keep_promoted_evidence is true or false, got {keep_promoted_evidence!r}")
+    for name, flag in (("keep_promoted_evidence", keep_promoted_evidence),
+                       (ERASE_MEMORIES, erase_retired_memories)):
+        if not isinstance(flag, bool):
+            raise PolicyError(f"{name} is true or false, got {flag!r}")
     return Policy(_days("days", days), _optional_days("compress_after", compress_after),
                   _multiplier("success_gone_x", success_x), _multiplier("failure_gone_x", failure_x),
-                  keep_promoted_evidence)
+                  keep_promoted_evidence, erase_retired_memories)
 
 
 def _parse(row: RowRecord) -> Policy | None:
     v = row.value
-    if not isinstance(v, dict) or frozenset(v) != _FIELDS or v.get("op") != "policy":
+    if not isinstance(v, dict) or frozenset(v) - {ERASE_MEMORIES} != _FIELDS or v.get("op") != "policy" \
+            or not isinstance(v.get(ERASE_MEMORIES, False), bool):
         log.debug("ignoring retention row %s of entry %s: not a policy row", row.key, row.entry_id)
         return None
     try:
-        p = policy_value(v["days"], v["compress_after"], v["success_x"], v["failure_x"], v["keep_promoted_evidence"])
+        p = policy_value(v["days"], v["compress_after"], v["success_x"], v["failure_x"], v["keep_promoted_evidence"],
+                         v.get(ERASE_MEMORIES, False))
     except PolicyError as exc:
         log.debug("ignoring retention row %s of entry %s: %s", row.key, row.entry_id, exc)
         return None
     return Policy(p.days, p.compress_after, p.success_x, p.failure_x, p.keep_promoted_evidence,
-                  row.entry_id, row.author)
+                  p.erase_retired_memories, entry=row.entry_id, by=row.author)
 
 
 def policy_in_force(db: Database) -> Policy | None:
@@ -148,7 +165,7 @@ class Forget:
 
     entry: str
     store: str
-    reason: str  # "compressed" | "episode"
+    reason: str  # "compressed" | "episode" | "memory" | "vector"
     author: str
 
 
@@ -224,13 +241,23 @@ def _forgotten_episodes(db: Database, policy: Policy, now: int) -> list[Forget]:
     return [Forget(entry, EPISODES_STORE, "episode", author) for entry, (author, ok) in by_entry.items() if ok]
 
 
+def _retired_memories(db: Database, policy: Policy, now: int) -> list[Forget]:
+    if not policy.erase_retired_memories:
+        return []
+    from memmesh.node.memory.forgetting import retired_payloads
+    from memmesh.node.memory.rows import MEMORY_STORE
+
+    return [Forget(t.entry, t.store, "memory" if t.store == MEMORY_STORE else "vector", t.author)
+            for t in retired_payloads(db, now, policy.days * DAY_MS)]
+
+
 def plan(db: Database, now: int, policy: Policy | None = None) -> list[Forget]:
     """What a run at ``now`` erases under ``policy`` (default: the one in force), sorted; the
     payloads already erased are not listed again."""
     policy = policy if policy is not None else policy_in_force(db)
     if policy is None:
         return []
-    found = _compressions(db, policy, now) + _forgotten_episodes(db, policy, now)
+    found = _compressions(db, policy, now) + _forgotten_episodes(db, policy, now) + _retired_memories(db, policy, now)
     return sorted(f for f in found if db.payload_state(f.entry, f.store) == "present")
 
 
@@ -249,4 +276,6 @@ def run(db: Database, key: SigningKey, now: int, policy: Policy | None = None) -
 
 def summary(found: Sequence[Forget]) -> dict[str, int]:
     return {"compressed": sum(f.reason == "compressed" for f in found),
-            "episodes": sum(f.reason == "episode" for f in found)}
+            "episodes": sum(f.reason == "episode" for f in found),
+            "memories": sum(f.reason == "memory" for f in found),
+            "vectors": sum(f.reason == "vector" for f in found)}

@@ -187,7 +187,7 @@ class ApiSpec(_Section):
 # auto_recall key -> the agent memory config key it is the node's default of (node/memory/agents.py)
 AUTO_RECALL_KEYS = {"enabled": "auto_recall_enabled", "max_entries": "max_entries", "half_lives": "half_lives",
                     "trust_weights": "trust_weights", "include_secrets": "include_secrets",
-                    "deadline_ms": "auto_recall_deadline_ms"}
+                    "deadline_ms": "auto_recall_deadline_ms", "min_similarity": "min_similarity"}
 MEMORY_RULE = "memory_config_rule"  # the error type of a value parse_config_value refused
 
 
@@ -216,8 +216,10 @@ class AutoRecallSpec(_Section):
     trust_weights: dict[str, float] = Field(default_factory=lambda: _memory_default("trust_weights"))
     include_secrets: bool = Field(default_factory=lambda: _memory_default("include_secrets"))
     deadline_ms: int = Field(default_factory=lambda: _memory_default("deadline_ms"))
+    min_similarity: float | None = None  # None: the embedder's calibrated floor
 
-    @field_validator("half_lives", "trust_weights", "include_secrets", "deadline_ms", mode="before")
+    @field_validator("half_lives", "trust_weights", "include_secrets", "deadline_ms", "min_similarity",
+                     mode="before")
     @classmethod
     def _memory_rule(cls, raw: Any, info: ValidationInfo) -> Any:
         assert info.field_name is not None  # a field validator is always given its field
@@ -582,10 +584,12 @@ TEMPLATE = """\
 #   max_entries: 3                    # 1-20 memories per store
 #   half_lives: {}                    # age decay: days per category, "*" for the rest, e.g.
 #                                     #   {fact: 30, decision: 365, "*": 90}; {}: no decay
-#   trust_weights: {owner: 1.0, peer: 1.0, ingested: 0.6, flagged: 0.5}   # 0-1; tiers left out
-#                                     #   keep these weights
+#   trust_weights: {owner: 1.0, derived: 0.8, peer: 1.0, ingested: 0.6, flagged: 0.5}   # 0-1; tiers
+#                                     #   left out keep these weights (derived: auto-capture)
 #   include_secrets: false            # recall returns rows holding a credential only when true
 #   deadline_ms: 50                   # auto-recall waits at most this long (0-10000; 0: off)
+#   min_similarity: default           # vector-only matches below this cosine are not results;
+#                                     #   default: the embedder's calibrated floor (0-1)
 """
 
 

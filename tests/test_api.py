@@ -145,6 +145,7 @@ EXAMPLES: list[tuple[str, str, Any, int]] = [
     ("POST", "/v1/agents/{agent}/tools/recall", {"query": "deploy", "limit": 3}, 200),
     ("POST", "/v1/agents/{agent}/tools/list_memory_banks", {}, 200),
     ("POST", "/v1/agents/{agent}/tools/neighbors", {"key": "deploy", "depth": 2}, 200),
+    ("POST", "/v1/agents/{agent}/tools/forget", {"key": "deploy", "preview": True}, 200),
     ("POST", "/v1/agents/{agent}/autorecall", {"messages": ["how do we deploy?"], "session": "s1"}, 200),
     ("POST", "/v1/agents/{agent}/command", {"line": "/memory list", "session": "s1"}, 200),
     ("POST", "/v1/embedder/set", {"provider": "hashed"}, 200),  # offline and fast: reindex has work
@@ -303,8 +304,8 @@ BAD = [
      f"over the limit of {MAX_BODY_BYTES} bytes"),
     ("a query string", "GET", "/v1/status?verbose=1", None, "application/json", 400, "invalid_params",
      "takes no query parameters"),
-    ("an unknown tool", "POST", "/v1/agents/{agent}/tools/forget", b'{}', "application/json", 404, "not_found",
-     "no route POST /v1/agents/alpha/tools/forget"),
+    ("an unknown tool", "POST", "/v1/agents/{agent}/tools/obliterate", b'{}', "application/json", 404, "not_found",
+     "no route POST /v1/agents/alpha/tools/obliterate"),
     ("a wrong method", "GET", "/v1/memory/new", None, "application/json", 405, "method_not_allowed",
      "/v1/memory/new does not take GET (it takes POST)"),
 ]
@@ -436,7 +437,7 @@ async def test_the_openapi_document_is_valid_public_and_covers_exactly_the_route
     # Every command is routed but the ones the rule leaves out.
     routed = {r.command.name for r in api.app[ROUTES]}
     left_out = {c.name for c in REGISTRY if c.name not in routed}
-    assert left_out == {"serve", "init", "remember", "recall"} | {c.name for c in REGISTRY if c.standalone}
+    assert left_out == {"serve", "init", "remember", "recall", "forget"} | {c.name for c in REGISTRY if c.standalone}
     # The body of a tool route is the tool's own argument model, hoisted into components.
     remember = api.doc["paths"][REMEMBER]["post"]
     assert remember["requestBody"]["content"]["application/json"]["schema"] == {

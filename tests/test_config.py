@@ -82,8 +82,9 @@ MALFORMED = [
      "sync.fan_out: unknown key; sync takes listen, advertise, peers, interval_s, fanout, discovery"),
     ("unknown section", "agents: []\nembeding:\n  backend: hashed\n", 2,
      "embeding: unknown key; the file takes agents"),
-    ("tool not known", "agents:\n  - name: alpha\n    allowed_tools:\n      - recall\n      - forget\n", 5,
-     "agents[0].allowed_tools[1]: should be 'remember', 'recall', 'list_memory_banks' or 'neighbors' (got 'forget')"),
+    ("tool not known", "agents:\n  - name: alpha\n    allowed_tools:\n      - recall\n      - obliterate\n", 5,
+     "agents[0].allowed_tools[1]: should be 'remember', 'recall', 'list_memory_banks', 'neighbors' or 'forget' "
+     "(got 'obliterate')"),
     ("missing name", "agents:\n  - name: alpha\n  - system_prompt: hi\n", 3, "agents[1]: needs name"),
     ("bad name", "agents:\n  - name: 'has space'\n", 2,
      "agents[0].name: should be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "

@@ -117,7 +117,7 @@ async def test_the_tools_publish_the_registry_schemas_descriptions_and_annotatio
         assert tools[name].description == spec.description
         assert tools[name].annotations == ANNOTATIONS[name]
     assert tools["recall"].annotations.read_only_hint and tools["list_memory_banks"].annotations.read_only_hint
-    assert sorted(tools) == ["list_memory_banks", "neighbors", "recall", "remember"]
+    assert sorted(tools) == ["forget", "list_memory_banks", "neighbors", "recall", "remember"]
     assert tools["neighbors"].annotations.read_only_hint
     assert tools["neighbors"].input_schema["properties"]["depth"]["maximum"] == 3
     remember = tools["remember"].annotations

@@ -48,7 +48,7 @@ def test_every_command_exposes_a_json_schema():
 
 def test_every_agent_tool_exposes_its_argument_schema():
     """What an MCP server will publish per tool: the arguments, without the agent."""
-    assert set(TOOLS) == {"remember", "recall", "list_memory_banks", "neighbors"}
+    assert set(TOOLS) == {"remember", "recall", "list_memory_banks", "neighbors", "forget"}
     for name, tool in TOOLS.items():
         schema = tool.args.model_json_schema()
         assert schema["type"] == "object" and "agent" not in schema.get("properties", {}), name

@@ -11,7 +11,7 @@ another (docs/api.md):
 * Every other command is ``/v1/<name with . as />``: ``GET`` when it is marked read-only and
   takes no parameters (status, peers, memory.list, ...), ``POST`` with a JSON body otherwise.
 * Not routed (no route declared): ``serve`` and ``init`` (serve is what runs; the home exists),
-  the operator shortcuts ``remember`` and ``recall`` (the tool routes are the one way), and
+  the operator shortcuts ``remember``, ``recall`` and ``forget`` (the tool routes are the one way), and
   standalone commands (transports of their own, such as ``mcp``).
 
 A path value goes into the parameters; a body that names the same parameter with another

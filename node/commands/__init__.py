@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 # Importing a handler module registers its commands; this order is the CLI's help order.
 HANDLER_MODULES = (
     "node_status", "agents", "tools", "embedder", "banks", "config", "settings", "reindex", "usage", "audit",
-    "sync", "chat", "backup", "check", "fence", "serving", "mcp", "quarantine", "recall_status", "retention",
+    "sync", "chat", "backup", "check", "fence", "serving", "mcp", "quarantine", "proposals", "recall_status", "forget", "entities",
+    "retention",
     "episodes", "history",
 )
 

@@ -43,14 +43,20 @@ def agent_list(node: Node, p: NoParams) -> Result:
         attached = {ALL_SESSIONS if session is None else session: [node.agents.name_of(d) for d in ids]
                     for session, ids in state.attached.items() if ids}
         rows.append({"name": r.name, "id": r.db_id, "key": str(node.load_key(r.key_name).public),
-                     "attached": attached, "config": dict(state.config)})
+                     "attached": attached, "default_banks": node.memory.settings.default_banks(r.name),
+                     "config": dict(state.config)})
     lines = []
     for row in rows:
         c = row["config"]
         recall = (f"auto-recall on, {c['max_entries']} per store" if c["auto_recall_enabled"] else "auto-recall off")
         if c.get("auto_recall_banks"):
             recall += f", banks {', '.join(c['auto_recall_banks'])}"
-        banks = "; ".join(f"{'every session' if s == ALL_SESSIONS else 'session ' + s}: {', '.join(names)}"
+        defaults = row["default_banks"]
+        banks = "; ".join(f"{'every session' if s == ALL_SESSIONS else 'session ' + s}: "
+                          f"{', '.join(n + ' (default)' if n in defaults else n for n in names)}"
                           for s, names in row["attached"].items()) or "no bank attached"
+        detached = [n for n in defaults if n not in row["attached"].get(ALL_SESSIONS, [])]
+        if detached:
+            banks += f"; default banks not attached: {', '.join(detached)} (memmesh reload attaches them)"
         lines.append(f"{row['name']:<20} {row['id']}\n    {recall}; {banks}")
     return Result({"agents": rows}, "\n".join(lines) or "no agents yet (memmesh agent new NAME)")

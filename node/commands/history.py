@@ -13,6 +13,7 @@ from memmesh.node.commands.params import AgentParams, Cli
 from memmesh.node.commands.registry import REGISTRY, command
 from memmesh.node.commands.result import Result
 from memmesh.node.history import service
+from memmesh.node.history.labels import TextLabels, text_labels
 from memmesh.node.history.service import TOOL_CONFIG_KEY
 from memmesh.node.memory.agents import agent_state
 from memmesh.node.settings import memory_defaults
@@ -69,12 +70,29 @@ def _clip(text: str | None, width: int = 200) -> str:
     return one if len(one) <= width else one[: width - 3] + "..."
 
 
+def _marks(item: dict[str, Any]) -> str:
+    """``[flagged: RULE]`` and ``[secret: TYPE]``, for items kept out of what a model is shown."""
+    return "".join(f"  [{k}: {item[k]}]" for k in ("flagged", "secret") if k in item)
+
+
 def _item_line(item: dict[str, Any]) -> str:
     if item["kind"] == "turn":
-        return f"{item['seq']:>6} {item['role']:<9} {_clip(item['text'])}\n       {item['id']}"
-    tag = "" if item["by"] == "extractive" else "  (model summary)"
+        return f"{item['seq']:>6} {item['role']:<9} {_clip(item['text'])}{_marks(item)}\n       {item['id']}"
+    tag = ("" if item["by"] == "extractive" else "  (model summary)") + _marks(item)
     return (f"  L{item['level']} turns {item['from_seq']}-{item['to_seq']}{tag}: {_clip(item['summary'], 400)}\n"
             f"       {item['id']}")
+
+
+def _label_warnings(what: str, labels: TextLabels) -> list[str]:
+    """What a write says when its text is withheld from models (node/history/labels.py)."""
+    out = []
+    if labels.secret is not None:
+        out.append(f"this {what} holds a credential ({labels.secret}): stored, never put in a history window, "
+                   "and recall --scope history returns it only to an agent whose config sets include_secrets")
+    if labels.flag is not None:
+        out.append(f"this {what} reads like an instruction to the assistant (rule {labels.flag}): stored and "
+                   "flagged; never put in a history window, and recall --scope history shows it with the flag")
+    return out
 
 
 # ---------------------------------------------------------------------------------- commands
@@ -87,9 +105,13 @@ def history_add(node: Node, p: HistoryAdd) -> Result:
     data = {"agent": ag.name, **out}
     if not out["recorded"]:
         return Result(data, f"not recorded: {warnings[0]}", warnings)
+    labels = text_labels(p.text)
+    data.update(labels.fields())
+    warnings = [*warnings, *_label_warnings("turn", labels)]
     chunks = f"; {len(out['chunks'])} chunk(s) written" if out["chunks"] else ""
     dedup = "" if out["text_stored"] else " (same text as an earlier turn: stored once)"
-    return Result(data, f"recorded turn {out['seq']} of session {p.session} ({p.role}){dedup}{chunks}\n  id {out['id']}")
+    return Result(data, f"recorded turn {out['seq']} of session {p.session} ({p.role}){dedup}{chunks}\n  id {out['id']}",
+                  warnings)
 
 
 @command("history.show", HistoryShow, "show a session's turns or chunks", read_only=True)
@@ -128,11 +150,17 @@ def history_expand(node: Node, p: HistoryExpand) -> Result:
 def history_window(node: Node, p: HistoryWindow) -> Result:
     ag = node.agents.agent(p.agent)
     data = {"agent": ag.name, **service.window(ag.db, p.session, p.budget)}
-    return Result(data, data["text"] or f"(nothing fits in {p.budget} characters)")
+    left = data["withheld"]
+    warnings = [f"{len(left)} item(s) of this session left out of the window: flagged or holding a credential "
+                "(withheld in --json lists them)"] if left else []
+    return Result(data, data["text"] or f"(nothing fits in {p.budget} characters)", warnings)
 
 
 @command("history.summary", HistorySummary, "record a model's summary of a chunk, signed by the agent's key")
 def history_summary(node: Node, p: HistorySummary) -> Result:
     ag = node.agents.agent(p.agent)
     data = {"agent": ag.name, **service.set_summary(ag.db, ag.key, p.chunk, p.text)}
-    return Result(data, f"model summary of {p.chunk} recorded\n  entry {data['entry']}")
+    labels = text_labels(p.text)
+    data.update(labels.fields())
+    return Result(data, f"model summary of {p.chunk} recorded\n  entry {data['entry']}",
+                  _label_warnings("summary", labels))

@@ -41,6 +41,9 @@ class RetentionSet(RetentionDb):
     failure_gone_x: Annotated[float, Field(ge=0.1, le=100, description="failed episodes go after days x this")] = 1.0
     keep_promoted_evidence: Annotated[bool, Field(
         description="keep the successful episodes behind a promoted method")] = False
+    erase_retired_memories: Annotated[bool, Field(
+        description="also erase memory rows (and their vectors) no longer current for more than days: "
+                    "superseded, or past their valid_to; current memories are never erased")] = False
 
 
 class RetentionRun(RetentionDb):
@@ -54,7 +57,8 @@ def _now(p: RetentionRun) -> int:
 @command("retention.set", RetentionSet, "set a database's retention policy (a signed entry; an admin's key)")
 def retention_set(node: Node, p: RetentionSet) -> Result:
     ref = node.agents.resolve(p.db)
-    policy = policy_value(p.days, p.compress_after, p.success_gone_x, p.failure_gone_x, p.keep_promoted_evidence)
+    policy = policy_value(p.days, p.compress_after, p.success_gone_x, p.failure_gone_x, p.keep_promoted_evidence,
+                          p.erase_retired_memories)
     perm = ref.db.permission(str(ref.admin_key.public))
     if perm is None or perm.level != "admin":
         raise PolicyError(f"this node holds no admin key of {ref.name}: only an admin sets its retention policy")
@@ -80,6 +84,8 @@ def _plan_result(ref: Any, found: list[Forget], now: int, entries: list[str] | N
             "erase": [{"entry": f.entry, "store": f.store, "reason": f.reason} for f in found]}
     verb = "would erase" if entries is None else "erased"
     text = f"{ref.name}: {verb} {counts['compressed']} history text payloads and {counts['episodes']} episodes"
+    if counts["memories"] or counts["vectors"]:
+        text += f", {counts['memories']} retired memory payloads and {counts['vectors']} vector payloads"
     if entries is not None:
         data["entries"] = entries
         text += f" ({len(entries)} signed erase entries)"
@@ -100,6 +106,8 @@ def retention_run(node: Node, p: RetentionRun) -> Result:
     if policy_in_force(ref.db) is None:
         raise PolicyError(f"{ref.name} has no retention policy; set one with: memmesh retention set {ref.name} --days N")
     found, entries = run(ref.db, ref.admin_key, now)
+    if any(f.reason in ("memory", "vector") for f in found):
+        node.memory.view(ref.db).load()  # rebuilt now, without the erased rows
     return _plan_result(ref, found, now, entries)
 
 
@@ -109,4 +117,6 @@ def _describe(v: dict[str, Any]) -> str:
         out += f", history text after {v['compress_after']} days once summarised"
     if v["keep_promoted_evidence"]:
         out += ", promoted methods' evidence kept"
+    if v.get("erase_retired_memories"):
+        out += f", memory rows retired for {v['days']} days erased"
     return out + ", episodes a person checked kept"

@@ -1,4 +1,4 @@
-"""The agent tools (remember, recall, list_memory_banks, neighbors) and the commands built on them.
+"""The agent tools (remember, recall, list_memory_banks, neighbors, forget) and the commands built on them.
 
 ``TOOLS`` is the tool table: per tool, the model of its arguments (what an MCP server will
 publish as the tool's input schema) and the function that runs it for one agent. The ``tool``
@@ -12,10 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from memmesh.crdt.clock import now_ms
 from memmesh.node.catalogue import CATALOGUE, TOOL_NAMES
+from memmesh.node.commands.forgetting import forget_memory
 from memmesh.node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, ParamsError, parse
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result, json_text
@@ -110,6 +111,8 @@ class RecallArgs(Params):
     category: Annotated[str | None, _rule(check_slug, "category"), Field(
         description="only memories of this category")] = None
     min_confidence: Annotated[Score, Field(description="only memories at least this confident")] = None
+    entities: Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]], Cli(flag="--entity"), Field(
+        max_length=32, description="only memories about all these entities (compared case-insensitively)")] = []
     as_known_at: Annotated[str | None, _rule(check_entry_id, "as_known_at"), Field(
         description="an entry id of the bank (sha256:...): recall as the store stood with that entry's "
                     "causal past, the same on every replica")] = None
@@ -124,7 +127,7 @@ class RecallArgs(Params):
         if when["from"] is not None and when["to"] is not None and when["from"] > when["to"]:
             raise ParamsError(f"recall: from ({self.from_}) must not be after to ({self.to})")
         return Filters(self.category, self.min_confidence, when["as_of"], when["from"], when["to"], now,
-                       self.as_known_at)
+                       self.as_known_at, tuple(self.entities))
 
 
 def _no_supersedes(types: list[str]) -> list[str]:
@@ -135,14 +138,32 @@ def _no_supersedes(types: list[str]) -> list[str]:
 
 
 class NeighborsArgs(Params):
-    key: Annotated[str, Cli(positional=True), Field(
-        min_length=1, max_length=MAX_KEY_CHARS, description="the memory whose links to follow")]
+    key: Annotated[str | None, Cli(positional=True), Field(
+        min_length=1, max_length=MAX_KEY_CHARS, description="the memory whose links to follow")] = None
+    entity: Annotated[str | None, Field(
+        min_length=1, max_length=128, description="start from the memories about this entity instead of one "
+                                                  "key (memory entities lists them)")] = None
     bank: OptionalBank = None
     types: Annotated[list[Annotated[str, _rule(check_slug, "type")]], AfterValidator(_no_supersedes),
                      Cli(flag="--type"), Field(max_length=MAX_EDGES, description=(
                          "only links of these types (lowercase slugs); default: every type"))] = []
     depth: Annotated[int, Field(ge=1, le=MAX_DEPTH, description=(
         f"how many links away, 1-{MAX_DEPTH}; each memory at its shortest distance"))] = 1
+
+    @model_validator(mode="after")
+    def _one_start(self) -> NeighborsArgs:
+        if (self.key is None) == (self.entity is None):
+            raise ValueError("give a memory key or an entity to start from (one of the two)")
+        return self
+
+
+class ForgetArgs(Params):
+    key: Annotated[str, Cli(positional=True), Field(
+        min_length=1, max_length=MAX_KEY_CHARS,
+        description="the memory key to forget: every version of it (current and superseded) is erased")]
+    bank: OptionalBank = None
+    preview: Annotated[bool, Field(
+        description="say what would be erased (and what with it), erase nothing")] = False
 
 
 @dataclass(frozen=True)
@@ -188,7 +209,12 @@ def _list_banks(node: Node, agent: Agent, a: NoParams) -> dict[str, Any]:
 
 def _neighbors(node: Node, agent: Agent, a: NeighborsArgs) -> dict[str, Any]:
     check_tool(node, agent.name, "neighbors")
-    return node.memory.neighbors(agent, a.key, a.bank, a.types, a.depth)
+    return node.memory.neighbors(agent, a.key, a.bank, a.types, a.depth, entity=a.entity)
+
+
+def _forget(node: Node, agent: Agent, a: ForgetArgs) -> dict[str, Any]:
+    check_tool(node, agent.name, "forget")
+    return forget_memory(node, agent, a.key, a.bank, preview=a.preview)
 
 
 # What runs each tool of the catalogue (node/catalogue.py: names, descriptions, hints).
@@ -197,6 +223,7 @@ _RUNS: dict[str, tuple[type[Params], Callable[[Node, Agent, Any], dict[str, Any]
     "recall": (RecallArgs, _recall),
     "list_memory_banks": (NoParams, _list_banks),
     "neighbors": (NeighborsArgs, _neighbors),
+    "forget": (ForgetArgs, _forget),
 }
 if set(_RUNS) != set(TOOL_NAMES):
     raise RuntimeError(f"the tools run here {sorted(_RUNS)} are not the catalogue's {sorted(TOOL_NAMES)}")

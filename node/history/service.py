@@ -11,6 +11,7 @@ from typing import Any
 
 from memmesh.auth.keys import SigningKey
 from memmesh.crdt.database import Database
+from memmesh.node.memory.proposals import capture_turn
 from memmesh.node.memory.rows import iso_utc
 
 from .pyramid import Span
@@ -47,7 +48,8 @@ _PAYLOAD_BYTES = 512 * 1024
 # ------------------------------------------------------------------------------ shapes
 def turn_dict(st: HistoryState, t: Turn) -> dict[str, Any]:
     return {"kind": "turn", "id": t.id, "session": t.session, "seq": t.seq, "level": 0, "role": t.role,
-            "trust": TRUST[t.role], "time": iso_utc(t.ts), "written_by": t.author, "text": st.text(t.hash)}
+            "trust": TRUST[t.role], "time": iso_utc(t.ts), "written_by": t.author, "text": st.text(t.hash),
+            **st.turn_labels(t).fields()}
 
 
 def chunk_dict(st: HistoryState, span: Span, *, current: bool = True) -> dict[str, Any]:
@@ -60,7 +62,7 @@ def chunk_dict(st: HistoryState, span: Span, *, current: bool = True) -> dict[st
             "from_seq": span.from_seq, "to_seq": span.to_seq, "children": list(span.children),
             "summary": summary, "by": by, "extractive": extractive, "model": model,
             "stored": rows is not None and rows.extractive is not None, "current": current,
-            "time": None if last is None else iso_utc(last)}
+            "time": None if last is None else iso_utc(last), **st.labels(summary).fields()}
 
 
 # ------------------------------------------------------------------------------ writing
@@ -91,8 +93,10 @@ def add_turn(db: Database, key: SigningKey, session: str, role: str, text: str, 
             txn.append(TEXT_STORE, text_value(digest, text))
         entry = txn.commit()
         written = _compact(db, key, st, [session], at=seq) if compact_after else []
+    captured = capture_turn(db, key, role, text, session=session, turn=f"{entry}/{row_key}")  # auto-capture
     return {"recorded": True, "session": session, "seq": seq, "role": role, "trust": TRUST[role],
-            "id": f"{entry}/{row_key}", "entry": entry, "text_stored": new_text, "chunks": written, "warnings": []}
+            "id": f"{entry}/{row_key}", "entry": entry, "text_stored": new_text, "chunks": written, "warnings": [],
+            **({"captured": captured} if captured is not None else {})}
 
 
 def compact(db: Database, key: SigningKey, session: str | None = None) -> list[str]:
@@ -232,15 +236,41 @@ def window(db: Database, session: str, budget: int) -> dict[str, Any]:
     if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
         raise HistoryInputError(f"budget is a number of characters from 1 to {MAX_BUDGET}, got {budget!r}")
     st = state_of(db)
+    withheld: dict[str, dict[str, Any]] = {}
+
+    def turn_text(t: Turn) -> str | None:
+        # A flagged turn or one holding a credential is left out of the window: it is shown to
+        # a model as it is (docs/memory.md, "History"; node/history/labels.py).
+        text = st.text(t.hash)
+        reason = st.turn_labels(t).reason()
+        if reason is None:
+            return text
+        withheld[t.id] = {"kind": "turn", "id": t.id, "level": 0, "from_seq": t.seq, "to_seq": t.seq,
+                          "reason": reason}
+        return None
+
+    def summary(c: Span) -> str | None:
+        # A withheld summary stands as its children, each judged in turn.
+        text = st.shown(c.id, st.extractive(c))[0]
+        reason = st.labels(text).reason()
+        if reason is None:
+            return text
+        withheld[c.id] = {"kind": "chunk", "id": c.id, "level": c.level, "from_seq": c.from_seq,
+                          "to_seq": c.to_seq, "reason": reason}
+        return None
+
     with st.lock:
         st.refresh(db)
         p = st.pyramid(session)
-        w = build_window(p, lambda t: st.text(t.hash), lambda c: st.shown(c.id, st.extractive(c))[0], budget)
+        w = build_window(p, turn_text, summary, budget)
     items = [{"kind": i.kind, "id": i.id, "level": i.level, "from_seq": i.from_seq, "to_seq": i.to_seq}
              for i in w.items]
     raw = [i for i in w.items if i.kind == "turn"]
+    # Every item the window judged and left out (the session's cover, and the children of the
+    # chunks it opened), oldest first.
+    left_out = sorted(withheld.values(), key=lambda x: (x["from_seq"], -x["level"], x["id"]))
     return {"session": session, "budget": budget, "chars": w.chars, "text": w.text, "items": items,
-            "turns": len(p.turns), "raw_turns": len(raw)}
+            "turns": len(p.turns), "raw_turns": len(raw), "withheld": left_out}
 
 
 def _unknown(st: HistoryState, chunk_id: str, doing: str) -> UnknownChunk:

@@ -26,6 +26,7 @@ from memmesh.crdt.database import Database, Rebuilt, RowRecord, RowsAdded
 from memmesh.node.memory.bm25 import InvertedIndex
 from memmesh.node.memory.tokens import tokenize
 
+from .labels import CLEAN, TextLabels, text_labels
 from .pyramid import Pyramid, SessionIndex, Span, summarise_level1, summarise_level2
 from .record import (
     CHUNKS_STORE,
@@ -38,6 +39,7 @@ from .record import (
     parse_chunk,
     parse_text,
     parse_turn,
+    text_hash,
 )
 
 __all__ = ["ChunkRows", "HistoryState", "state_of"]
@@ -65,6 +67,9 @@ class HistoryState:
         self.write_lock = threading.Lock()  # seq assignment through commit, per database
         self._backlog: deque[RowsAdded | Rebuilt] = deque()
         self._stale = True
+        # text hash -> its labels (node/history/labels.py): a function of the text alone, so it
+        # outlives a rebuild; one entry per distinct text judged, like the texts themselves.
+        self._labels: dict[str, TextLabels] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -154,6 +159,22 @@ class HistoryState:
     def text(self, digest: str) -> str | None:
         z = self._texts.get(digest)
         return None if z is None else decompress(z)
+
+    def labels(self, text: str | None, digest: str | None = None) -> TextLabels:
+        """The labels of a turn's text or a summary (``digest``: its hash when known, as a
+        turn's is); judged once per distinct text."""
+        if text is None:
+            return CLEAN
+        key = digest if digest is not None else text_hash(text)
+        found = self._labels.get(key)
+        if found is None:
+            found = self._labels[key] = text_labels(text)
+        return found
+
+    def turn_labels(self, t: Turn) -> TextLabels:
+        """The labels of a turn's text (clean while its text is not held)."""
+        found = self._labels.get(t.hash)
+        return found if found is not None else self.labels(self.text(t.hash), t.hash)
 
     def max_seq(self, session: str) -> int:
         index = self._sessions.get(session)

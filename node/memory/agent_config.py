@@ -26,7 +26,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "half_lives": {},
     # Trust tiers (docs/memory.md, "Trust tiers"): each fused score times its tier's weight.
     # Flagged and quarantined rows are never auto-recalled, whatever their weight.
-    "trust_weights": {"owner": 1.0, "peer": 1.0, "ingested": 0.6, "flagged": 0.5},
+    # derived (auto-capture, docs/memory.md "Auto-capture"): below owner, since a rule read it.
+    "trust_weights": {"owner": 1.0, "derived": 0.8, "peer": 1.0, "ingested": 0.6, "flagged": 0.5},
     # Rows holding a credential are returned by recall only when this is true (never embedded,
     # never auto-recalled either way).
     "include_secrets": False,
@@ -34,10 +35,16 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "auto_recall_deadline_ms": 50,
     # Conversation history (docs/memory.md, "History"): whether tool output is recorded too.
     "record_tool_output": False,
+    # Auto-capture (docs/memory.md, "Auto-capture"): facts a user states in a turn history records
+    # are off (not looked for), proposed (listed by memory proposals to accept or drop), or saved.
+    "auto_capture": "propose",
+    # The cosine below which a memory found by vectors alone is not a result (docs/memory.md,
+    # "Relevance floor"); None: the embedder's calibrated floor (node/memory/relevance.py).
+    "min_similarity": None,
 }
 DEADLINE_ENV = "MEMMESH_AUTO_RECALL_DEADLINE_MS"  # the built-in deadline, for a whole machine
 MAX_HALF_LIFE_DAYS = 36_500  # a century: anything longer is "never", which is leaving it out
-TRUST_TIERS = ("owner", "peer", "ingested", "flagged", "quarantined")
+TRUST_TIERS = ("owner", "derived", "peer", "ingested", "flagged", "quarantined")
 
 
 def _deadline_from_env() -> None:
@@ -52,7 +59,8 @@ def _deadline_from_env() -> None:
     except ConfigError as exc:
         log.warning("%s ignored: %s", DEADLINE_ENV, exc)
 
-WEIGHTED_TIERS = ("owner", "peer", "ingested", "flagged")  # quarantined rows are never recalled
+AUTO_CAPTURE_MODES = ("off", "propose", "save")
+WEIGHTED_TIERS = ("owner", "derived", "peer", "ingested", "flagged")  # quarantined rows are never recalled
 MAX_DEADLINE_MS = 10_000
 
 
@@ -85,6 +93,11 @@ def parse_config_value(name: str, raw: Any) -> Any:
         return ms
     if name == "trust_weights":
         return _trust_weights(raw)
+    if name == "auto_capture":
+        mode = "off" if raw is False else str(raw).strip().lower()  # YAML reads a bare `off` as false
+        if mode not in AUTO_CAPTURE_MODES:
+            raise ConfigError(f"auto_capture is one of {', '.join(AUTO_CAPTURE_MODES)}, got {raw!r}")
+        return mode
     if name == "max_entries":
         value: int | None = None
         if isinstance(raw, int) and not isinstance(raw, bool):
@@ -96,6 +109,8 @@ def parse_config_value(name: str, raw: Any) -> Any:
         return value
     if name == "half_lives":
         return _half_lives(raw)
+    if name == "min_similarity":
+        return _min_similarity(raw)
     # auto_recall_banks: a list of bank references, or a comma-separated string
     if isinstance(raw, str):
         items = [p.strip() for p in raw.split(",") if p.strip()]
@@ -104,6 +119,21 @@ def parse_config_value(name: str, raw: Any) -> Any:
     else:
         raise ConfigError("auto_recall_banks is a list of bank names or ids (comma-separated on the command line)")
     return items
+
+
+def _min_similarity(raw: Any) -> float | None:
+    """A cosine from 0 to 1, or the embedder's own floor (``default``, null)."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("default", "null", "none", "")):
+        return None
+    value: float | None = None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = float(raw)
+    elif isinstance(raw, str) and re.fullmatch(r"[+-]?(?:[0-9]{1,6}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})", raw.strip()):
+        value = float(raw.strip())  # not float(): it takes 'nan', 'inf' and '1_0'
+    if value is None or not 0.0 <= value <= 1.0:
+        raise ConfigError(f"min_similarity is a cosine from 0 to 1 (0: only vectors pointing away are dropped), "
+                          f"or default for the embedder's calibrated floor, got {raw!r}")
+    return value
 
 
 def _mapping(raw: Any, rule: str) -> dict[Any, Any]:
@@ -127,7 +157,7 @@ def _mapping(raw: Any, rule: str) -> dict[Any, Any]:
 
 def _trust_weights(raw: Any) -> dict[str, float]:
     """Weights per trust tier, 0 to 1 (0: never recalled); tiers left out keep their default."""
-    rule = ('trust_weights maps trust tiers (owner, peer, ingested, flagged) to weights from 0 to 1, as '
+    rule = ('trust_weights maps trust tiers (owner, derived, peer, ingested, flagged) to weights from 0 to 1, as '
             'JSON \'{"ingested": 0.5}\' or ingested=0.5,flagged=0')
     given = _mapping(raw, rule)
     out = dict(CONFIG_DEFAULTS["trust_weights"])

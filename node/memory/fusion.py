@@ -212,6 +212,24 @@ def rrf(
     return rank_candidates(uniq, fused, limit=limit, allowed=allowed, tiebreak=tiebreak)
 
 
+# How far importance and confidence (1-10) move a score (docs/memory.md, "Importance and
+# confidence"): importance 1-10 gives 0.84-1.2, confidence 0.92-1.1, 5 or none gives 1. Bounded,
+# so a field never outranks a much better match, only a close one; importance weighs more,
+# since it is what the writer says matters.
+IMPORTANCE_WEIGHT = 0.2
+CONFIDENCE_WEIGHT = 0.1
+
+
+def salience_factor(importance: int | None, confidence: int | None) -> float:
+    """The factor a row's importance and confidence put on its fused score; 1 without them."""
+    f = 1.0
+    if importance is not None:
+        f *= 1.0 + IMPORTANCE_WEIGHT * (importance - 5) / 5
+    if confidence is not None:
+        f *= 1.0 + CONFIDENCE_WEIGHT * (confidence - 5) / 5
+    return f
+
+
 def decay_factor(age_ms: int, half_life_days: float | None) -> float:
     """``0.5 ** (age_days / half_life_days)``; 1.0 with no half-life, and for a row dated after
     "now" (a writer's clock ahead of ours does not make a row fresher than new)."""

@@ -150,23 +150,40 @@ class _Graph:
         return self._backlinks[ref]
 
 
-def neighbors(service: MemoryService, agent: Agent, key: str, bank: str | None,
-              types: Sequence[str], depth: int, now: int) -> dict[str, Any]:
+def neighbors(service: MemoryService, agent: Agent, key: str | None, bank: str | None,
+              types: Sequence[str], depth: int, now: int, entity: str | None = None) -> dict[str, Any]:
     """The neighbors tool's result (arguments already checked by its model); ``now``: the
-    caller's clock in ms, which only hides facts whose ``valid_to`` has passed."""
+    caller's clock in ms, which only hides facts whose ``valid_to`` has passed. From ``entity``
+    instead of a key: the bank's current memories about it are at depth 1 (linked to the
+    entity by ``about``), and their links are followed from there."""
     target = service.agents.open_for(agent, bank, "read")  # AuthError when the agent may not read it
     config = agent_state(agent.db, service.settings.defaults()).config
     graph = _Graph(service, agent, now, {target.db.id: target.name}, bool(config["include_secrets"]))
-    start = Ref(target.db.id, key)
-    if graph.current(start) is None:
-        raise NoSuchMemory(f"no current memory {key!r} in bank {target.name}; recall lists the memories there")
     wanted = set(types)
-    seen: dict[Ref, int] = {start: 0}
     found: dict[Ref, _Found] = {}
     unreachable: set[tuple[str, str, str, str, str, str]] = set()
     missing: set[tuple[str, str, str, str, str]] = set()
-    frontier = [start]
-    for d in range(1, depth + 1):
+    if entity is not None:
+        about = [Ref(target.db.id, m.key) for m in service.view(target.db).about(entity)]
+        frontier = sorted({ref for ref in about if graph.current(ref) is not None})
+        if not frontier:
+            raise NoSuchMemory(f"no current memory about {entity!r} in bank {target.name}; "
+                               "memory entities lists the entities there")
+        seen: dict[Ref, int] = dict.fromkeys(frontier, 1)
+        for ref in frontier:
+            m = graph.current(ref)
+            assert m is not None  # the frontier holds current memories only
+            found[ref] = _Found(m, 1, {(target.name, entity, "about", "entity")})
+        first = 2
+    else:
+        assert key is not None  # the model requires a key or an entity
+        start = Ref(target.db.id, key)
+        if graph.current(start) is None:
+            raise NoSuchMemory(f"no current memory {key!r} in bank {target.name}; recall lists the memories there")
+        seen = {start: 0}
+        frontier = [start]
+        first = 1
+    for d in range(first, depth + 1):
         reached: list[Ref] = []
         for node in sorted(frontier):
             memory = graph.current(node)
@@ -211,6 +228,7 @@ def neighbors(service: MemoryService, agent: Agent, key: str, bank: str | None,
     message = (f"Found {n} linked memor{'y' if n == 1 else 'ies'}" if n else "No linked memories found") + "."
     return {
         "key": key,
+        **({"entity": entity} if entity is not None else {}),
         "bank": target.name,
         "depth": depth,
         "neighbors": out,

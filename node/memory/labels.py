@@ -12,6 +12,8 @@ A row's **tier** for a reading agent, the first that applies:
 * ``quarantined``: an active quarantine of the bank covers its writer and time;
 * ``flagged``: its key or value reads like an instruction to the assistant;
 * ``ingested``: its ``source`` is ``ingested`` or ``tool`` (text the agent took in, not wrote);
+* ``derived``: its ``source`` is ``derived``: a fact the auto-capture rules took from what a user
+  said (node/memory/capture.py), saved without the user asking (or accepted from a proposal);
 * ``owner``: written by the reading agent's own key;
 * ``peer``: written by another key.
 
@@ -28,10 +30,11 @@ from .hygiene import RULES, detect
 from .rows import Memory
 from .secrets import secret_reason
 
-__all__ = ["INGESTED_SOURCES", "Labels", "TIERS", "labels_of", "row_labels", "tier"]
+__all__ = ["DERIVED_SOURCE", "INGESTED_SOURCES", "Labels", "TIERS", "labels_of", "row_labels", "tier"]
 
 INGESTED_SOURCES = ("ingested", "tool")
-TIERS = ("owner", "peer", "ingested", "flagged", "quarantined")
+DERIVED_SOURCE = "derived"
+TIERS = ("owner", "derived", "peer", "ingested", "flagged", "quarantined")
 NO_FLAG = -1
 FLAG_NAMES: tuple[str, ...] = RULES
 
@@ -41,6 +44,7 @@ class Labels:
     flag: str | None  # the hygiene rule that matched, or None
     secret: str | None  # "tagged", the scanner's credential type, or None
     ingested: bool
+    derived: bool = False  # source "derived" (auto-capture); a view that keeps no such column passes False
 
     @property
     def flag_id(self) -> int:
@@ -49,7 +53,8 @@ class Labels:
 
 def labels_of(key: str, value: str, tags: Sequence[str], source: str | None) -> Labels:
     """The labels of a row with this content (for a row about to be written, too)."""
-    return Labels(detect(f"{key}\n{value}"), secret_reason(key, value, tags), source in INGESTED_SOURCES)
+    return Labels(detect(f"{key}\n{value}"), secret_reason(key, value, tags), source in INGESTED_SOURCES,
+                  source == DERIVED_SOURCE)
 
 
 def row_labels(m: Memory) -> Labels:
@@ -65,4 +70,6 @@ def tier(author: str, labels: Labels, reader: str | None, quarantined: bool) -> 
         return "flagged"
     if labels.ingested:
         return "ingested"
+    if labels.derived:
+        return "derived"
     return "owner" if reader is not None and author == reader else "peer"

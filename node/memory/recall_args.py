@@ -27,14 +27,15 @@ def check_dim(dim: Any) -> int | None:
     return int(dim)
 
 
-def check_filter_tags(tags: Any) -> frozenset[str]:
+def check_filter_tags(tags: Any, what: str = "tag") -> frozenset[str]:
+    """The tags (or entities: ``what``) a recall requires, casefolded: an AND filter."""
     if tags is None:
         return frozenset()
     if isinstance(tags, (str, bytes)) or not isinstance(tags, Sequence):
-        raise MemoryInputError(f"tags must be a list of strings, got {type(tags).__name__}")
+        raise MemoryInputError(f"{what}s must be a list of strings, got {type(tags).__name__}")
     for tag in tags:
         if not isinstance(tag, str) or not tag:
-            raise MemoryInputError("every tag to filter by must be a non-empty string")
+            raise MemoryInputError(f"every {what} to filter by must be a non-empty string")
     return frozenset(t.casefold() for t in tags)
 
 

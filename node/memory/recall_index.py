@@ -42,7 +42,7 @@ One set of docs, several indexes (:class:`RecallIndex`)
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -61,6 +61,17 @@ Order = tuple[int, str, int]  # a row's T order (RowRecord.order)
 _EMPTY: frozenset[int] = frozenset()
 
 
+def _above(floor: float, lexical: list[tuple[int, float]],
+           semantic: list[tuple[int, float]]) -> Callable[[int], bool] | None:
+    """Which fused docs count: every BM25 match, and a cosine-only match from ``floor`` up
+    (docs/memory.md, "Relevance floor"); None when the floor lets every cosine through."""
+    if floor <= 0.0 or all(s >= floor for _, s in semantic):
+        return None
+    keep = {d for d, _ in lexical}
+    keep.update(d for d, s in semantic if s >= floor)
+    return keep.__contains__
+
+
 def _tokens(m: Memory) -> list[str]:
     return tokenize(document_text(m.key, m.value, m.tags))
 
@@ -73,6 +84,7 @@ class RecallIndex:
         self.row_doc: dict[str, int] = {}
         self.tiebreak: list[tuple[int, int, int]] = []  # doc -> order_desc_key
         self.tag_docs: dict[str, set[int]] = {}  # casefolded tag -> docs carrying it
+        self.entity_docs: dict[str, set[int]] = {}  # casefolded entity -> docs about it
         self.cols = DocColumns()
         self.all_bm25 = InvertedIndex()  # every doc: whole-history statistics
         self.bm25 = Subset(self.all_bm25)  # the current docs, with their own statistics
@@ -83,6 +95,7 @@ class RecallIndex:
         self.secret_of: dict[int, str] = {}  # doc -> why it is a secret (few docs)
         self.flagged = 0  # docs with a hygiene flag
         self.ingested = 0  # docs of an ingested source
+        self.scored = 0  # docs with an importance or a confidence (docs/memory.md, "Importance and confidence")
 
     def _count(self, doc: int, labels: Labels) -> None:
         if labels.secret is not None:
@@ -100,8 +113,14 @@ class RecallIndex:
         self.tiebreak.append(order_desc_key(m.order))
         for tag in {t.casefold() for t in m.tags}:
             self.tag_docs.setdefault(tag, set()).add(doc)
+        self._about(doc, m)
         self.all_bm25.add(doc, _tokens(m))
         return doc
+
+    def _about(self, doc: int, m: Memory) -> None:
+        for entity in {e.casefold() for e in m.entities}:
+            self.entity_docs.setdefault(entity, set()).add(doc)
+        self.scored += m.importance is not None or m.confidence is not None
 
     def add_many(self, mems: Sequence[Memory], seqs: Sequence[int]) -> None:
         """``add`` of each memory in turn (docs n, n + 1, ...), in bulk."""
@@ -123,6 +142,8 @@ class RecallIndex:
                     tag_docs[tag] = {doc}
                 else:
                     docs_of.add(doc)
+            if m.entities or m.importance is not None or m.confidence is not None:
+                self._about(doc, m)
         self.all_bm25.add_many((doc, _tokens(m)) for doc, m in zip(docs, mems))
 
     def make_current(self, doc: int) -> None:
@@ -194,13 +215,19 @@ class RecallIndex:
 
     # ------------------------------------------------------------------ ranking
     def rank(self, tokens: list[str], need: frozenset[str], limit: int, query_vector: np.ndarray | None,
-             history: bool, mask: np.ndarray | None) -> list[tuple[Memory, float]]:
+             history: bool, mask: np.ndarray | None, floor: float = 0.0,
+             about: frozenset[str] = frozenset()) -> list[tuple[Memory, float]]:
         """``history``: rank among every doc with the whole history's statistics (else among
-        the current docs with theirs); ``mask``: only the docs where it is true."""
+        the current docs with theirs); ``mask``: only the docs where it is true; ``floor``: a
+        doc the cosine list found and BM25 did not, with a cosine below it, is no result (the
+        lists are fused as they are, so what is returned ranks exactly as without a floor);
+        ``need``/``about``: only the docs carrying every one of these tags / entities."""
         n = self.cols.n
-        if need:
-            # AND filter: the docs carrying every requested tag (smallest set first).
-            sets = sorted((self.tag_docs.get(t, _EMPTY) for t in need), key=len)
+        for wanted, docs_of in ((need, self.tag_docs), (about, self.entity_docs)):
+            if not wanted:
+                continue
+            # AND filter: the docs carrying every requested tag or entity (smallest set first).
+            sets = sorted((docs_of.get(t, _EMPTY) for t in wanted), key=len)
             permitted = sets[0] if len(sets) == 1 else sets[0].intersection(*sets[1:])
             if not permitted:
                 return []
@@ -234,7 +261,7 @@ class RecallIndex:
                                                tiebreak=tiebreak)
                 if semantic:
                     hits = rrf([[d for d, _ in lexical], [d for d, _ in semantic]], RRF_K,
-                               limit=limit, tiebreak=tiebreak)
+                               limit=limit, tiebreak=tiebreak, allowed=_above(floor, lexical, semantic))
                 else:
                     hits = lexical[:limit]
         mem = self.mem

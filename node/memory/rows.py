@@ -108,7 +108,7 @@ MAX_SLUG_CHARS = 64
 # "BANK:KEY": a bank name (64) or a database id (71 characters), a colon, a memory key.
 MAX_EDGE_TO_CHARS = 72 + 1 + MAX_KEY_CHARS
 # Least trusted first: a merge keeps the less trusted of two sources, so it never raises trust.
-SOURCES = ("inferred", "ingested", "tool", "user")
+SOURCES = ("inferred", "ingested", "tool", "derived", "user")  # derived: auto-capture (node/memory/capture.py)
 DEFAULT_SOURCE = "inferred"
 SUPERSEDES = "supersedes"  # the edge type that retires the current row of its target key
 

@@ -26,7 +26,7 @@ from memmesh.node.memory.agents import Agent, Agents, agent_state
 from memmesh.node.memory.defaults import BuiltIn, MemorySettings
 from memmesh.node.memory.embedders import Embedder, EmbedderError
 from memmesh.node.memory.framing import DEFAULT_CONTEXT_WINDOW, budget_chars, fit, memory_line
-from memmesh.node.memory.fusion import decay_factor, decayed
+from memmesh.node.memory.fusion import decay_factor, decayed, salience_factor
 from memmesh.node.memory.graph import neighbors
 from memmesh.node.memory.labels import Labels, labels_of, tier
 from memmesh.node.memory.rows import MEMORY_STORE, Memory, embedding_value, memory_value
@@ -72,12 +72,14 @@ class Ranking:
     half_lives: dict[str, float] | None = None
     include_secrets: bool = True
     hide_flagged: bool = False
+    min_similarity: float | None = None  # None: the embedder's calibrated floor (node/memory/relevance.py)
 
     @classmethod
     def of(cls, agent: Agent, config: dict[str, Any], *, auto: bool = False) -> Ranking:
         """``auto``: for auto-recall, which never shows flagged rows or secrets."""
         return cls(str(agent.key.public), dict(config["trust_weights"]), dict(config["half_lives"]),
-                   include_secrets=False if auto else bool(config["include_secrets"]), hide_flagged=auto)
+                   include_secrets=False if auto else bool(config["include_secrets"]), hide_flagged=auto,
+                   min_similarity=config.get("min_similarity"))
 
 
 def perm_name(perm: Permission | None) -> str:
@@ -121,7 +123,10 @@ class MemoryService:
         return self._pool
 
     def warm(self, db_ids: Sequence[str]) -> None:
-        """Build these databases' indexes on the search threads (serve, at start)."""
+        """Build these databases' indexes and load the embedder's model on the search threads
+        (serve, at start), so a turn's deadline never pays for either."""
+        if self.embedder is not None:
+            self._threads().submit(self._load_embedder)
         for db_id in db_ids:
             view = self.view(self.agents.home.database(db_id))
             if not view.loaded:
@@ -139,6 +144,13 @@ class MemoryService:
                 dim = self.embedder.known_dim if hasattr(self.embedder, "known_dim") else self.embedder.dim
             view = self._views[db.id] = MemoryView(db, embedding_store=store, dim=dim, lazy=self.serving)
         return view
+
+    def _load_embedder(self) -> None:
+        assert self.embedder is not None
+        try:
+            self.embedder.load()
+        except EmbedderError as exc:  # said again, with what it means, at the first embed
+            log.warning("embedder %s/%s could not load: %s", self.embedder.provider, self.embedder.model, exc)
 
     def _embed(self, text: str, warnings: list[str], when: str) -> np.ndarray | None:
         if self.embedder is None:
@@ -247,12 +259,14 @@ class MemoryService:
                 vector: np.ndarray | None, include_superseded: bool, filters: Filters | None,
                 ranking: Ranking) -> list[Found]:
         """The view's ranking times each row's trust weight and age decay (docs/memory.md, "Trust
-        tiers", "Age decay"). Both only lower scores, so they re-rank the best MAX_LIMIT
-        candidates; when every candidate would weigh 1 the view's own ranking is the answer."""
+        tiers", "Age decay") and its importance and confidence ("Importance and confidence"). They
+        re-rank the view's best MAX_LIMIT candidates (a bounded factor moves a row past close
+        matches, not past the hundred best); when every candidate would weigh 1 the view's own
+        ranking is the answer."""
         def scored(n: int) -> list[tuple[Memory, float]]:
             hits = view.recall(query, tags=tags, limit=n, query_vector=vector, include_superseded=include_superseded,
                                with_scores=True, filters=filters, include_secrets=ranking.include_secrets,
-                               hide_flagged=ranking.hide_flagged)
+                               hide_flagged=ranking.hide_flagged, min_similarity=ranking.min_similarity)
             return cast("list[tuple[Memory, float]]", hits)  # with_scores: (memory, score) pairs
 
         if not self._reweighs(view, ranking):
@@ -263,8 +277,9 @@ class MemoryService:
         half_lives = ranking.half_lives or {}
 
         def factor(f: Found) -> float:
-            weight = weights.get(f.trust, 1.0)
-            return weight * decay_factor(now - f.memory.ts, half_life(f.memory, half_lives)) if half_lives else weight
+            m = f.memory
+            weight = weights.get(f.trust, 1.0) * salience_factor(m.importance, m.confidence)
+            return weight * decay_factor(now - m.ts, half_life(m, half_lives)) if half_lives else weight
 
         out = []
         for f, score in decayed([(f, f.score) for f in found], factor):
@@ -281,7 +296,7 @@ class MemoryService:
 
     @staticmethod
     def _reweighs(view: MemoryView, ranking: Ranking) -> bool:
-        if ranking.half_lives:
+        if ranking.half_lives or view.has_scores():
             return True
         w = ranking.weights
         if not w:
@@ -292,10 +307,11 @@ class MemoryService:
         return (present["ingested"] and w.get("ingested", 1.0) != 1.0) or (
             present["flagged"] and not ranking.hide_flagged and w.get("flagged", 1.0) != 1.0)
 
-    def neighbors(self, agent: Agent, key: str, bank: str | None = None, types: Sequence[str] = (),
-                  depth: int = 1, now: int | None = None) -> dict[str, Any]:
-        """The memories linked to ``key`` by edges, both ways, across readable banks (node/memory/graph.py)."""
-        return neighbors(self, agent, key, bank, types, depth, now_ms() if now is None else now)
+    def neighbors(self, agent: Agent, key: str | None, bank: str | None = None, types: Sequence[str] = (),
+                  depth: int = 1, now: int | None = None, entity: str | None = None) -> dict[str, Any]:
+        """The memories linked to ``key`` (or about ``entity``) by edges, both ways, across
+        readable banks (node/memory/graph.py)."""
+        return neighbors(self, agent, key, bank, types, depth, now_ms() if now is None else now, entity)
 
     def list_banks(self, agent: Agent) -> dict[str, Any]:
         own = perm_name(self._perm_on(agent, agent.db.id))
@@ -395,16 +411,20 @@ class MemoryService:
         """Each store's hits (empty for a store that missed), and which missed the deadline
         (``until``, monotonic seconds; ``deadline_s`` for a one-shot process, see below)."""
         views = [self.view(db) for db, _bank in stores]
+        pool = self._threads()
+        vector: Future | None = None
         if not self.serving:
-            # A one-shot process has nothing to do but this call: its indexes are built first,
-            # and the deadline is for the searches.
+            # A one-shot process has nothing to do but this call: its indexes are built and its
+            # embedder's model loaded first, the query embedded, and the deadline is for the
+            # searches (loading a model or building an index never counts against it).
             for view in views:
                 if not view.loaded:
                     view.load()
+            if self.embedder is not None and any(v.has_vectors() for v in views):
+                vector = Future()
+                vector.set_result(self._embed(query, warnings, "read"))
             until = time.monotonic() + deadline_s
-        pool = self._threads()
-        vector: Future | None = None
-        if self.embedder is not None and any(v.loaded and v.has_vectors() for v in views):
+        elif self.embedder is not None and any(v.loaded and v.has_vectors() for v in views):
             vector = pool.submit(self._embed, query, warnings, "read")
         futures: list[Future | None] = []
         for i, ((db, _bank), view) in enumerate(zip(stores, views)):

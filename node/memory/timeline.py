@@ -54,6 +54,7 @@ class Filters:
     end: int | None = None
     now: int | None = None  # the caller's clock: hides facts whose valid_to has passed
     as_known_at: str | None = None  # causal time: an entry id; the store as its causal past
+    entities: tuple[str, ...] = ()  # only memories about every one of them (case-insensitive, like tags)
 
     @property
     def period(self) -> bool:
@@ -61,6 +62,8 @@ class Filters:
 
     def keep(self, m: Memory) -> bool:
         if self.category is not None and m.category != self.category:
+            return False
+        if self.entities and not {e.casefold() for e in self.entities} <= {e.casefold() for e in m.entities}:
             return False
         if self.min_confidence is not None and (m.confidence is None or m.confidence < self.min_confidence):
             return False

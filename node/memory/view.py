@@ -58,6 +58,7 @@ from .labels import FLAG_NAMES, NO_FLAG, Labels, row_labels
 from .quarantine import Quarantine, hidden_mask, quarantines
 from .recall_args import check_dim, check_filter_tags, check_query_vector, check_store
 from .recall_index import RRF_DEPTH
+from .relevance import floor_for
 from .rows import Memory, MemoryInputError
 from .timeline import Filters, current_in
 from .tokens import tokenize
@@ -131,13 +132,16 @@ class MemoryView(ViewFeed):
         filters: Filters | None = None,
         include_secrets: bool = True,
         hide_flagged: bool = False,
+        min_similarity: float | None = None,
     ) -> list[Memory] | list[tuple[Memory, float]]:
         """Best-first memories for ``query`` (see the module docstring for the exact rules);
         ``with_scores``: (memory, score) pairs, the score that ranked it (BM25, or RRF when fused).
         Quarantined rows are never candidates; ``include_secrets`` False leaves out rows holding
-        a secret, ``hide_flagged`` rows the instruction detector flagged.
+        a secret, ``hide_flagged`` rows the instruction detector flagged. ``min_similarity``: the
+        cosine below which a row only the vectors found is left out (None: the active embeddings
+        store's calibrated floor, node/memory/relevance.py).
 
-        ``filters`` (node.memory.timeline): category, min_confidence, a period, the caller's
+        ``filters`` (node.memory.timeline): category, min_confidence, entities, a period, the caller's
         now; with ``as_of``, the candidates are the rows that held then (one per key at most),
         ranked over the whole history's index."""
         if query is None:
@@ -145,6 +149,7 @@ class MemoryView(ViewFeed):
         if not isinstance(query, str):
             raise MemoryInputError(f"query must be a string, got {type(query).__name__}")
         need = check_filter_tags(tags)
+        about = check_filter_tags(filters.entities if filters is not None else (), "entity")
         if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= MAX_LIMIT:
             raise MemoryInputError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
         qv = check_query_vector(query_vector)
@@ -178,7 +183,8 @@ class MemoryView(ViewFeed):
         shown = self._shown_mask(include_secrets, hide_flagged)
         if shown is not None:
             mask = shown if mask is None else mask & shown
-        hits = ix.rank(tokens, need, int(limit), qv, history, mask)
+        floor = floor_for(self._store) if min_similarity is None else float(min_similarity)
+        hits = ix.rank(tokens, need, int(limit), qv, history, mask, floor, about)
         return hits if with_scores else [m for m, _score in hits]
 
     @locked
@@ -317,6 +323,38 @@ class MemoryView(ViewFeed):
         """Which label-derived tiers any doc holds (cheap: counts kept as docs arrive)."""
         ix = self._current_index()
         return {"ingested": ix.ingested > 0, "flagged": ix.flagged > 0}
+
+    @locked
+    def has_scores(self) -> bool:
+        """Whether any row carries an importance or a confidence (then recall re-weighs)."""
+        return self._current_index().scored > 0
+
+    @locked
+    def about(self, entity: str) -> list[Memory]:
+        """The current rows about ``entity`` (case-insensitive), newest first."""
+        ix = self._current_index()
+        docs = [d for d in ix.entity_docs.get(entity.casefold(), ()) if ix.cols.current[d]]
+        return [ix.mem[d] for d in sorted(docs, key=ix.tiebreak.__getitem__)]
+
+    @locked
+    def entities(self, *, include_secrets: bool = False) -> list[tuple[str, int]]:
+        """The entities the current memories are about, with how many of them each, most first
+        (ties by name); spelled as the newest memory about it spells it. Quarantined rows, and
+        secrets unless included, are not counted."""
+        ix = self._current_index()
+        counts: dict[str, tuple[int, str, tuple[int, int, int]]] = {}
+        for entity, docs in ix.entity_docs.items():
+            for doc in docs:
+                m = ix.mem[doc]
+                if not ix.cols.current[doc] or not self.visible(m, include_secrets=include_secrets):
+                    continue
+                n, name, newest = counts.get(entity, (0, "", (0, 0, 0)))
+                spelled = next(e for e in m.entities if e.casefold() == entity)
+                key = ix.tiebreak[doc]
+                if n == 0 or key < newest:  # order_desc_key: smaller is newer
+                    name, newest = spelled, key
+                counts[entity] = (n + 1, name, newest)
+        return sorted(((name, n) for n, name, _ in counts.values()), key=lambda p: (-p[1], p[0].casefold()))
 
     @locked
     def status(self, reader: str | None = None) -> dict[str, Any]:

@@ -45,6 +45,12 @@ class Embedder(Protocol):
         """float32 array of shape (len(texts), dim), unit rows; EmbedderError on any failure."""
         ...
 
+    def load(self) -> None:
+        """Whatever the first ``embed`` would load (a model file, a runtime session), loaded now;
+        no network call. Auto-recall loads before its deadline starts, so loading never counts
+        against it."""
+        ...
+
 
 @dataclass
 class EmbedderConfig:

@@ -108,6 +108,9 @@ class HashedEmbedder:
             vec[idx] = sign
         return exact_unit(vec)
 
+    def load(self) -> None:
+        """Nothing to load: the vectors are computed from the text alone."""
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         items = check_texts(texts)
         out = np.zeros((len(items), self.dim), dtype=np.float32)

@@ -203,6 +203,9 @@ class _RemoteEmbedder:
         assert self._dim is not None
         return self._dim
 
+    def load(self) -> None:
+        """Nothing to load here: the model runs behind the API (the first call is a network call)."""
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         items = check_texts(texts)
         if not items:

@@ -8,7 +8,7 @@ of HOME/api.token, as for the HTTP API; ``BearerGuard``); stdio needs none (the 
 this process as the home's user).
 
 It publishes the agent tools of the catalogue (node/catalogue.py: remember, recall,
-list_memory_banks, neighbors; their argument models are node/commands/tools.TOOLS) and the
+list_memory_banks, neighbors, forget; their argument models are node/commands/tools.TOOLS) and the
 auto-recall block as the prompt ``relevant_memories``, with the official SDK's ``MCPServer``.
 It is a transport and nothing more: every call is a registry command (``tool``, ``autorecall``)
 run by ``node.dispatch.run_command`` through the home's running serve. MCP clients each spawn

@@ -15,8 +15,8 @@ or section left empty, e.g. with everything under it commented out, means its de
     agents:
       - name: alpha
         system_prompt: "You are alpha."
-        allowed_tools: [remember, recall, list_memory_banks, neighbors]   # default: all four
-        default_memory_banks: [project-notes]                  # created, Write granted, referenced
+        allowed_tools: [remember, recall, list_memory_banks, neighbors, forget]   # default: all five
+        default_memory_banks: [project-notes]                  # created, Write granted, referenced, attached
     embedding:
       backend: none | hashed | local | remote
       provider: openai | ollama            # with backend remote
@@ -555,8 +555,8 @@ TEMPLATE = """\
 # agents:                             # each created if missing; one left out is not deleted
 #   - name: alpha
 #     system_prompt: "You are alpha, the ops assistant."
-#     allowed_tools: [remember, recall, list_memory_banks, neighbors]   # default: all four
-#     default_memory_banks: [project-notes]   # created if missing, Write granted, referenced
+#     allowed_tools: [remember, recall, list_memory_banks, neighbors, forget]   # default: all five
+#     default_memory_banks: [project-notes]   # created if missing, Write granted, referenced, attached
 
 # embedding:                          # left out: the embedder `memmesh embedder set` chose
 #   backend: hashed                   # none | hashed | local | remote

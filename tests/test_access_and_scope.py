@@ -55,7 +55,8 @@ def node(tmp_path):
 
 
 def remember(node: Node, key: str, value: str, bank: str | None = None) -> None:
-    node.call_tool("alpha", "remember", {"key": key, "value": value, "bank": bank})
+    # Stores here hold the same text under several keys on purpose: written anyway (on_duplicate).
+    node.call_tool("alpha", "remember", {"key": key, "value": value, "bank": bank, "on_duplicate": "create"})
 
 
 def recall(node: Node, query: str, bank: str | None = None, **extra: Any) -> dict[str, dict[str, Any]]:

@@ -39,7 +39,8 @@ def home(tmp_path) -> Path:
         node.run("memory.new", {"name": "notes"})
         node.run("memory.grant", {"bank": "notes", "agent": "alpha", "perm": "write"})
         for i in range(20):
-            node.call_tool("alpha", "remember", {"key": f"k{i}", "value": f"value number {i}", "bank": "notes"})
+            node.call_tool("alpha", "remember", {"key": f"k{i}", "value": f"value number {i}", "bank": "notes",
+                                                 "on_duplicate": "create"})  # near-duplicates of each other
     return h
 
 

@@ -114,7 +114,7 @@ MALFORMED = [
      "auto_recall.half_lives: the half-life of 'decision' is a number of days above 0 and at most 36500, got -1"),
     ("category", "auto_recall:\n  half_lives: {'Not A Slug': 3}\n", 2, "'Not A Slug' is not a category name"),
     ("quarantined weight", "auto_recall:\n  trust_weights:\n    ingested: 0.5\n    quarantined: 0\n", 4,
-     "auto_recall.trust_weights: trust_weights maps trust tiers (owner, peer, ingested, flagged) to weights from "
+     "auto_recall.trust_weights: trust_weights maps trust tiers (owner, derived, peer, ingested, flagged) to weights from "
      "0 to 1, as JSON '{\"ingested\": 0.5}' or ingested=0.5,flagged=0; 'quarantined' is not a weighted tier"),
     ("weight", "auto_recall:\n  trust_weights: {flagged: 1.5}\n", 2,
      "auto_recall.trust_weights: the weight of 'flagged' is a number from 0 to 1, got 1.5"),
@@ -220,11 +220,16 @@ def test_a_bank_granted_and_referenced_already_is_left_alone_and_a_missing_ref_i
         node.agents.write_ref(alpha, {"op": "remove", "bank": ops.db.id})  # granted, not referenced
         before = _entries(node)
         changes = apply_config(node, parse_config(CONFIG, "c.yaml"))
-        assert [c for c in changes if "notes" in c] == []
+        # Granted and referenced already: nothing is granted again; its default banks are attached.
+        assert [c for c in changes if "notes" in c and "attached" not in c] == []
         assert "bank ops referenced from alpha's database" in changes
         after = _entries(node)
-        assert {k: after[k] - before[k] for k in after} == {alpha.db.id: 1, ops.db.id: 0,
+        # alpha's database: the reference to ops, then one entry attaching both default banks.
+        assert {k: after[k] - before[k] for k in after} == {alpha.db.id: 2, ops.db.id: 0,
                                                              node.agents.resolve("notes").db.id: 0}
+        again = _entries(node)
+        apply_config(node, parse_config(CONFIG, "c.yaml"))
+        assert _entries(node) == again  # idempotent: the second application writes nothing
 
 
 def test_a_reload_adds_an_agent_and_leaves_the_others_as_they_are(home):
@@ -415,14 +420,14 @@ def test_the_memory_config_keys_are_node_defaults_that_an_agents_own_config_over
     assert _cli(capsys, "--home", h, "reload")[0] == 0
     assert _cli(capsys, "--home", h, "agent", "new", "alpha")[0] == 0
     node_wide = {"max_entries": 5, "half_lives": {"*": 90.0, "fact": 30.0},
-                 "trust_weights": {"owner": 1.0, "peer": 1.0, "ingested": 0.25, "flagged": 0.5},
+                 "trust_weights": {"owner": 1.0, "derived": 0.8, "peer": 1.0, "ingested": 0.25, "flagged": 0.5},
                  "include_secrets": True, "auto_recall_deadline_ms": 0}
     with Node.open(home) as node:
         assert memory_defaults(node) == {**CONFIG_DEFAULTS, **node_wide}
     code, out, _ = _cli(capsys, "--home", h, "--json", "config", "show")
     assert json.loads(out)["auto_recall"] == {"enabled": True, "max_entries": 5, "half_lives": {"*": 90.0, "fact": 30.0},
                                               "trust_weights": node_wide["trust_weights"], "include_secrets": True,
-                                              "deadline_ms": 0}
+                                              "deadline_ms": 0, "min_similarity": None}
     assert _cli(capsys, "--home", h, "memory", "config", "alpha", "set", "half_lives", "decision=365")[0] == 0
     assert _cli(capsys, "--home", h, "memory", "config", "alpha", "set", "auto_recall_deadline_ms", "80")[0] == 0
     code, out, _ = _cli(capsys, "--home", h, "--json", "memory", "config", "alpha", "show")

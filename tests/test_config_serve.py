@@ -74,12 +74,12 @@ def test_restarts_sighup_reload_and_a_malformed_edit(tmp_path):
         assert _agents(s) == ["alpha", "beta", "gamma"]
 
         # A malformed edit: named by its line, and serve goes on with the last good config.
-        config.write_text(CONFIG + BETA + GAMMA + "    allowed_tools: [remember, forget]\n")
+        config.write_text(CONFIG + BETA + GAMMA + "    allowed_tools: [remember, obliterate]\n")
         before = _entries(s)
         proc = mm("reload", home=home, check=False)
         assert proc.returncode == 1
         assert proc.stderr == (f"memmesh: error: {config}:8: agents[2].allowed_tools[1]: should be 'remember', "
-                               "'recall', 'list_memory_banks' or 'neighbors' (got 'forget')\n")
+                               "'recall', 'list_memory_banks', 'neighbors' or 'forget' (got 'obliterate')\n")
         assert f"config.error file={config} line=8 " in s.log()
         refused = mm("tool", "alpha", "remember", '{"key": "k", "value": "v"}', home=home, check=False)
         assert refused.returncode == 1 and "may not use remember" in refused.stderr  # still in force

@@ -291,7 +291,7 @@ def test_other_rows_of_an_erased_payload_are_named_and_other_vectors_written_aga
 KEYS = st.sampled_from(["k1", "k2", "k3", "k4"])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(writes=st.lists(st.tuples(KEYS, st.booleans()), min_size=1, max_size=8), pick=st.integers(0, 7),
        embedder=st.sampled_from(["none", "hashed"]))
 def test_any_forgotten_key_leaves_no_byte_and_the_rest_stays_recallable(tmp_path_factory, writes, pick, embedder):
@@ -322,3 +322,23 @@ def test_any_forgotten_key_leaves_no_byte_and_the_rest_stays_recallable(tmp_path
     for key in keys:
         if key != forgotten:
             assert files_holding(home, values[key][-1]) == ["node.sqlite"]
+
+
+def test_after_a_bank_reindex_a_writer_is_told_the_vectors_are_the_banks(home):
+    """memory reindex signs a bank's vectors with the bank's admin key: erasing them is another
+    key's writing, so a writer's forget is refused whole, naming the embeddings payloads."""
+    text = marker()
+    node = _bank_home(home)
+    tool(node, "alpha", "remember", key="k", value=text, bank="notes")
+    node.run("embedder.set", {"provider": "hashed"})
+    node.run("memory.reindex", {"bank": "notes"})
+    node.close()
+    node = open_node(home)
+    before = entries(node, "notes")
+    with pytest.raises(AuthError) as err:
+        node.run("forget", {"agent": "alpha", "key": "k", "bank": "notes"})
+    said = str(err.value)
+    assert "some of what holds it was written by other keys" in said and "embeddings:hashed/" in said
+    assert "\n" not in said and entries(node, "notes") == before
+    assert [m["value"] for m in recalled(node, "alpha", "notes")] == [text]
+    node.close()

@@ -80,3 +80,65 @@ def test_a_forget_on_one_serve_erases_the_text_on_both(tmp_path):
         checkpoint(home)
         assert files_holding(home, old) == [] and files_holding(home, new) == [], home
         assert files_holding(home, keep) == ["node.sqlite"], home
+
+
+async def test_mcp_http_and_cli_run_the_one_forget(tmp_path):
+    """The MCP tool, the HTTP tool route and the CLI command reach the same handler on a serve:
+    the same answer's shape, the same refusal line, the text gone from the home."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from mcp import Client
+
+    from memmesh.node.api_token import read_token
+    from memmesh.node.mcp_server import build_server
+
+    def http(url: str, token: str, body: dict[str, Any]) -> tuple[int, Any]:
+        req = urllib.request.Request(url, method="POST", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    home = tmp_path / "node"
+    _init(home)
+    with Node.open(home) as node:
+        node.run("agent.new", {"name": "alpha"})
+    texts = {k: marker(k) for k in ("by-mcp", "by-http", "by-cli", "kept")}
+    with processes() as procs:
+        serve = procs.serve(home).start().wait_ready()
+        for key, value in texts.items():
+            serve.run("remember", {"agent": "alpha", "key": key, "value": value})
+
+        async with Client(build_server(home, "alpha")) as client:
+            unknown = await client.call_tool("forget", {"key": "nope"})
+            assert unknown.is_error and unknown.content[0].text == (
+                "no memory 'nope' in alpha (no row of that key, current or superseded); nothing was erased")
+            done = await client.call_tool("forget", {"key": "by-mcp"})
+            assert not done.is_error and done.structured_content["key"] == "by-mcp"
+            assert [v["entry"] for v in done.structured_content["versions"]]
+
+        token = read_token(home)
+        base = f"http://{serve.info['api']}/v1/agents/alpha/tools/forget"
+        status, answer = http(base, token, {"key": "by-http", "preview": True})
+        assert status == 200 and answer["data"]["preview"] is True
+        status, answer = http(base, token, {"key": "by-http"})
+        assert status == 200 and answer["data"]["erased"] and answer["data"]["entries"]
+        status, answer = http(base, token, {"key": "by-http"})
+        assert status == 404 and answer["error"]["code"] == "not_found" and "no memory 'by-http'" in \
+            answer["error"]["message"]
+        status, answer = http(base, token, {"key": 5})
+        assert status == 400 and answer["error"]["code"] == "invalid_params"
+
+        said = mm("forget", "alpha", "by-cli", home=home)
+        assert said.stdout.startswith("forgot 'by-cli' in alpha: 1 version")
+        listed = serve.run("recall", {"agent": "alpha", "include_superseded": True, "no_count": True}).data
+        assert [m["key"] for m in listed["memories"]] == ["kept"]
+        assert serve.stop() == 0
+
+    checkpoint(home)
+    for key, value in texts.items():
+        assert files_holding(home, value) == (["node.sqlite"] if key == "kept" else []), key

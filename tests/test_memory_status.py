@@ -187,7 +187,8 @@ def test_counts_follow_the_rows_whoever_writes_them(tmp_path):
             for name in ("alpha", "beta"):
                 node.run("memory.grant", {"bank": bank, "agent": name, "perm": "write"})
             for i, (who, kind) in enumerate(rows):
-                node.call_tool(who, "remember", {"key": f"k{i}", "bank": bank, **_fields(kind, i)})
+                node.call_tool(who, "remember", {"key": f"k{i}", "bank": bank, "on_duplicate": "create",
+                                                 **_fields(kind, i)})
             plain = {who: sum(1 for w, k in rows if w == who and k in ("plain", "aws", "tagged"))
                      for who in ("alpha", "beta")}
             secrets = sum(1 for _, k in rows if k in ("aws", "tagged"))

@@ -32,6 +32,7 @@ from memmesh.node.memory.rows import (
     parse_embedding,
     parse_memory,
 )
+from memmesh.node.memory.timeline import Filters
 from memmesh.node.memory.tokens import document_text, tokenize
 from memmesh.node.memory.view import MemoryView
 from tests.dbkit import craft, feed, grant, key, new_db, next_clock, replica, revoke, rows_update
@@ -493,6 +494,7 @@ def test_embedding_rows_round_trip_and_store_names():
 WORDS = ["apple", "banana", "cherry", "delta", "echo", "fig"]
 MKEYS = ["k0", "k1", "k2", "k3"]
 TAGS = ["Red", "red", "Blue", "green"]
+ENTITIES = ["Billing", "billing", "Helm"]
 WRITERS = [ADMIN, ALICE, BOB]
 
 op_strategy = st.tuples(
@@ -502,6 +504,8 @@ op_strategy = st.tuples(
     st.lists(st.sampled_from(TAGS), max_size=2),
     st.one_of(st.none(), st.lists(st.integers(-2, 2), min_size=3, max_size=3)),
     st.integers(0, 5),  # < 3: afterwards sync this author's replica to replica n
+    st.lists(st.sampled_from(ENTITIES), max_size=2),
+    st.one_of(st.none(), st.integers(1, 10)),  # importance
 )
 
 
@@ -520,6 +524,9 @@ def _observe(view: MemoryView, rnd: random.Random) -> list:
                 for sup in (False, True):
                     out.append(view.recall(q, tags=tags, limit=rnd.randint(1, 6), query_vector=qv,
                                            include_superseded=sup))
+        for about in (("BILLING",), ("billing", "helm")):
+            out.append(view.recall(q, limit=rnd.randint(1, 6), filters=Filters(entities=about)))
+    out += [view.entities(include_secrets=True), view.has_scores()]
     return out
 
 
@@ -530,8 +537,13 @@ def test_replicas_fed_in_any_order_return_identical_rankings(ops, rnd):
     grant(root, ADMIN, ALICE, "write", 10)
     grant(root, ADMIN, BOB, "write", 10)
     replicas = [root, replica(root), replica(root)]
-    for author, k, words, tags, vec, sync_to in ops:
-        remember(replicas[author], WRITERS[author], k, " ".join(words), tags, vector=vec)
+    for author, k, words, tags, vec, sync_to, entities, importance in ops:
+        txn = replicas[author].transaction(WRITERS[author])
+        row = txn.append(MEMORY_STORE, memory_value(k, " ".join(words), tags, entities=entities or None,
+                                                    importance=importance))
+        if vec is not None:
+            txn.append(STORE, embedding_value(row, np.asarray(vec, dtype=np.float32)))
+        txn.commit()
         if sync_to < 3:
             feed(replicas[sync_to], replicas[author])
     entries: dict[str, tuple] = {}

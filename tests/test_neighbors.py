@@ -184,7 +184,7 @@ def test_edge_targets_name_a_bank_or_stay_keys_of_the_same_bank():
 
 # ------------------------------------------------------------------ refusals
 @pytest.mark.parametrize("args, error, words", [
-    ({}, ParamsError, "neighbors needs key"),
+    ({}, ParamsError, "give a memory key or an entity"),
     ({"key": ""}, ParamsError, "key"),
     ({"key": 3}, ParamsError, "key"),
     ({"key": "plan", "depth": 0}, ParamsError, "depth should be greater than or equal to 1"),

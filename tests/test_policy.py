@@ -30,7 +30,7 @@ def test_the_routes_are_the_routes_the_commands_declare():
         paths = [path.replace("{tool}", t) for t in TOOL_NAMES] if "{tool}" in path else [path]
         assert all(served[(method, p)] == cmd.name for p in paths), cmd.name
     unrouted = {c.name for c in REGISTRY if c.http is None}
-    assert unrouted == {"serve", "init", "remember", "recall"} | {c.name for c in REGISTRY if c.standalone}
+    assert unrouted == {"serve", "init", "remember", "recall", "forget"} | {c.name for c in REGISTRY if c.standalone}
 
 
 def test_the_default_route_follows_the_rule():

@@ -78,7 +78,7 @@ def test_unknown_params_are_refused_clearly_and_change_nothing(node):
     ("memory.config", {"agent": "alpha", "action": "set", "key": "max_entries"}, "set needs a key and a value"),
     ("tool", {"agent": "alpha", "tool": "nope"}, "tool should be"),
     ("tool", {"agent": "alpha", "tool": "remember", "args": {"key": "k", "value": "v", "colour": 1}},
-     "remember does not take colour; it takes bank, category, confidence, edges, entities, importance, key, source, supersedes, tags, valid_from, valid_to, value"),
+     "remember does not take colour; it takes bank, category, confidence, edges, entities, importance, key, on_duplicate, source, supersedes, tags, valid_from, valid_to, value"),
     ("tool", {"agent": "alpha", "tool": "recall", "args": []}, "args should be an object"),
     ("embedder.set", {"provider": "openai", "api_key": 12345}, "api_key should be a valid string"),
     ("status", [], "takes a JSON object"),

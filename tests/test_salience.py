@@ -29,10 +29,10 @@ def test_the_factor_is_bounded_and_neutral_without_the_fields():
 def test_importance_puts_the_memory_that_matters_first(node):
     tool = node.call_tool
     tool("alpha", "remember", {"key": "minor", "value": "deploy notes", "importance": 1})
-    tool("alpha", "remember", {"key": "major", "value": "deploy notes", "importance": 9})
+    tool("alpha", "remember", {"key": "major", "value": "deploy notes", "importance": 9, "on_duplicate": "create"})
     assert _keys(tool("alpha", "recall", {"query": "deploy notes"})) == ["major", "minor"]
     tool("alpha", "remember", {"key": "sure", "value": "backup plan", "confidence": 10})
-    tool("alpha", "remember", {"key": "unsure", "value": "backup plan", "confidence": 2})
+    tool("alpha", "remember", {"key": "unsure", "value": "backup plan", "confidence": 2, "on_duplicate": "create"})
     assert _keys(tool("alpha", "recall", {"query": "backup plan"})) == ["sure", "unsure"]
 
 
@@ -45,10 +45,11 @@ def test_the_factor_changes_nothing_for_rows_without_the_fields(node, data):
     n0 = len(node.memory.view(node.agents.agent("alpha").db))
     plain = data.draw(st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=4), min_size=1, max_size=6))
     for i, words in enumerate(plain):
-        node.call_tool("alpha", "remember", {"key": f"p{n0}-{i}", "value": " ".join(words)})
+        node.call_tool("alpha", "remember", {"key": f"p{n0}-{i}", "value": " ".join(words),
+                                             "on_duplicate": "create"})
     node.call_tool("alpha", "remember", {"key": f"w{n0}", "value": data.draw(st.sampled_from(WORDS)),
                                          "importance": data.draw(st.integers(1, 10)),
-                                         "confidence": data.draw(st.integers(1, 10))})
+                                         "confidence": data.draw(st.integers(1, 10)), "on_duplicate": "create"})
     query = " ".join(data.draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=3)))
     view = node.memory.view(node.agents.agent("alpha").db)
     assert view.has_scores()

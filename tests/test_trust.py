@@ -52,7 +52,7 @@ def block_keys(node, agent, text):
 def test_the_same_rows_rank_differently_for_agents_with_different_relationships(node):
     # Two rows that score exactly alike: the same words, one written by each agent.
     remember(node, "alpha", key="build step alpha", value="the build uses nix flakes")
-    remember(node, "beta", key="build step beta", value="the build uses nix flakes")
+    remember(node, "beta", key="build step beta", value="the build uses nix flakes", on_duplicate="create")
     for agent in ("alpha", "beta"):
         tiers = {m["key"]: m["trust"] for m in recall(node, agent, "nix flakes build")["memories"]}
         me, other = ("build step alpha", "build step beta") if agent == "alpha" else ("build step beta",
@@ -69,7 +69,7 @@ def test_the_same_rows_rank_differently_for_agents_with_different_relationships(
 
 def test_an_ingested_row_sinks_by_its_weight(node):
     remember(node, "alpha", key="printer", value="the office printer is on floor two", source="ingested")
-    remember(node, "alpha", key="printer note", value="the office printer is on floor two")
+    remember(node, "alpha", key="printer note", value="the office printer is on floor two", on_duplicate="create")
     bank = node.agents.resolve("notes").db
     plain = node.memory._search(bank, "office printer floor", (), 10, [], filters=Filters(now=None),
                                 ranking=Ranking())  # every tier weighs 1

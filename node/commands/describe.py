@@ -74,15 +74,30 @@ def describe_command(cmd: Command) -> dict[str, Any]:
     return out
 
 
+def in_help_order(registry: Registry) -> list[Command]:
+    """The commands in the help's order: by handler module as node/commands lists them
+    (HANDLER_MODULES), then as each module registers them. Not the registry's own order, which
+    is whichever module some caller imported first, so the table never depends on it."""
+    from memmesh.node.commands import HANDLER_MODULES
+
+    rank = {f"memmesh.node.commands.{name}": i for i, name in enumerate(HANDLER_MODULES)}
+    listed = list(registry)
+    def module(c: Command) -> str:  # a declared transport has no handler; its model lives with it
+        return c.handler.__module__ if c.handler is not None else c.params.__module__
+
+    return sorted(listed, key=lambda c: (rank.get(module(c), len(rank)), listed.index(c)))
+
+
 def describe(registry: Registry) -> dict[str, Any]:
-    """The description of every command of ``registry`` and of its groups, in registry order."""
+    """The description of every command of ``registry`` and of its groups, in the help's order."""
+    commands = in_help_order(registry)
     groups: dict[str, str] = {}
-    for cmd in registry:
+    for cmd in commands:
         path = cmd.name.split(".")[:-1]
         for depth in range(len(path)):
             key = ".".join(path[:depth + 1])
             groups.setdefault(key, registry.group_help(key))
-    return {"groups": groups, "commands": [describe_command(cmd) for cmd in registry]}
+    return {"groups": groups, "commands": [describe_command(cmd) for cmd in commands]}
 
 
 def table_source(registry: Registry) -> str:

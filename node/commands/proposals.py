@@ -90,7 +90,13 @@ def memory_accept(node: Node, p: MemoryDecide) -> Result:
     txn.append(PROPOSALS_STORE, decision_value("accept", prop.id, saved["entry"]))
     txn.commit()
     data = {"agent": ag.name, "id": prop.id, "key": prop.key, "value": prop.value, "memory": saved}
-    how = "already remembered (nothing new written)" if saved.get("deduplicated") else f"entry {saved['entry']}"
+    duplicate = saved.get("duplicate")
+    if duplicate is not None:  # the same fact under another key: the memory that holds it is the answer
+        how = f"already remembered as {duplicate['key']} (nothing new written)"
+    elif saved.get("deduplicated"):
+        how = "already remembered (nothing new written)"
+    else:
+        how = f"entry {saved['entry']}"
     return Result(data, f"accepted {prop.id}: {prop.key} = {prop.value} ({how})", list(saved.get("warnings", [])))
 
 

@@ -92,6 +92,10 @@ class RememberArgs(Params):
         description="keys of other memories of the bank this one retires")] = []
     source: Annotated[Literal[SOURCES] | None, Field(  # type: ignore[valid-type]
         description="where it comes from; unrecorded reads as inferred")] = None
+    on_duplicate: Annotated[Literal["merge", "supersede", "create"] | None, Field(
+        description="when the bank already has this memory under another key (the same text or a near-duplicate): "
+                    "merge (write into that key), supersede (save this key, retiring that one) or create (keep "
+                    "both); without it nothing is saved and the answer names that memory")] = None
 
 
 class RecallArgs(Params):
@@ -181,7 +185,7 @@ def _remember(node: Node, agent: Agent, a: RememberArgs) -> dict[str, Any]:
         agent, a.key, a.value, a.tags, a.bank, supersedes=a.supersedes, category=a.category,
         confidence=a.confidence, importance=a.importance, entities=a.entities or None,
         edges=[e.model_dump() for e in a.edges] or None, valid_from=a.valid_from, valid_to=a.valid_to,
-        source=a.source)
+        source=a.source, on_duplicate=a.on_duplicate)
 
 
 def _recall(node: Node, agent: Agent, a: RecallArgs, include_superseded: bool = False,
@@ -193,8 +197,13 @@ def _recall(node: Node, agent: Agent, a: RecallArgs, include_superseded: bool = 
                                  count=count, filters=a.filters(now_ms()))
     if "history" in a.scopes:
         from memmesh.node.history.search import search_history  # history is the agent's own conversation
+        from memmesh.node.memory.agents import agent_state
 
-        found = search_history(agent.db, a.query, a.limit)
+        # The config in force (config.yaml's defaults under the agent's own): the same secrets
+        # and flagged-weight rules as the memory scope.
+        cfg = agent_state(agent.db, node.memory.settings.defaults()).config
+        found = search_history(agent.db, a.query, a.limit, include_secrets=bool(cfg["include_secrets"]),
+                               flagged_weight=float(cfg["trust_weights"]["flagged"]))
         out["history"] = found
         n = len(found)
         said = f"{n} past discussion hit{'' if n == 1 else 's'} (history: drill down with history expand)"

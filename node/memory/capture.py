@@ -18,7 +18,8 @@ a negation ("not", "n't", "never", "no longer", ...), quoted or reported speech 
 marks, "said", "told", "according to", ...), an instruction to the assistant (a sentence that
 addresses "you", opens with an imperative other than "remember", or that the instruction
 detector of :mod:`node.memory.hygiene` flags), a statement in the past or future ("my X was
-Y", "will be"), and anything holding a credential (:mod:`node.memory.secrets`, or a key naming
+Y", "will be"), a passing state ("my build is failing again", "... today"), a place or a
+judgement ("my lunch is in the fridge", "my cat is the best"), and anything holding a credential (:mod:`node.memory.secrets`, or a key naming
 a password, token, PIN...). A turn with more than :data:`MAX_COLON_LINES` "X: Y" lines is pasted
 data (a log, a table, a transcript), so none of them is taken.
 
@@ -45,14 +46,15 @@ MAX_TEXT = 8192  # characters read of one turn: facts are stated in short turns
 MAX_SENTENCES = 64
 MAX_WORDS = 40  # a longer sentence is prose, not a stated fact
 MAX_PROPOSALS = 8
-MAX_COLON_LINES = 4
+MAX_COLON_LINES = 3
 MAX_KEY_WORDS = 5
 MAX_VALUE_WORDS = 16
 MAX_VALUE_CHARS = 200
 MAX_PART_CHARS = 48  # one component of a key
 
-# A sentence ends at . ! ? followed by whitespace, or at a line break; no nested quantifier.
-_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
+# A sentence ends at . ! ? followed by whitespace, at a line break, or at an emoticon ("CET :) and
+# you?"); no nested quantifier.
+_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+|\s[:;]-?[()DPp](?=\s|$)")
 _COLON_KEY = re.compile(r"[^\W_][\w '\-]{0,39}")  # letters/digits first, then words; linear
 
 def _set(words: str) -> frozenset[str]:
@@ -60,7 +62,8 @@ def _set(words: str) -> frozenset[str]:
 
 
 _FILLERS = ("btw", "by the way", "fyi", "also", "oh", "and", "ok", "okay", "so", "actually", "just so you know",
-            "for the record", "for your information", "note", "heads up", "well", "hey", "hi", "hello")
+            "for the record", "for your information", "note", "heads up", "well", "hey", "hi", "hello", "lol", "haha",
+            "hmm", "yes", "yeah", "sure", "right", "great", "cool", "thanks", "good")
 _QUESTION_OPENERS = _set(
     "what who whom whose which when where why how is are am was were do does did can could would should will "
     "shall may might must have has had isn't aren't don't doesn't didn't won't wouldn't shouldn't couldn't "
@@ -74,7 +77,7 @@ _NEGATION = _set(
     "don't doesn't didn't won't wouldn't can't couldn't shouldn't haven't hasn't hadn't ain't")
 _REPORTED = _set(
     "said says say told tells asked asks wrote writes claims claimed according quote quoted mentioned "
-    "mentions reportedly apparently heard rumor rumour")
+    "mentions reportedly apparently heard rumor rumour thinks believes feels knows reckons suspects wonders")
 _IMPERATIVES = _set(
     "please write make create send show tell give list ignore forget use set add run fix call help explain "
     "translate summarize summarise draft generate find search check open close delete remove update change "
@@ -86,7 +89,7 @@ _VAGUE_SUBJECTS = _set(
     "question questions problem problems issue issues point guess bet concern concerns hope hopes worry fear idea "
     "ideas suggestion request answer impression understanding thought thoughts feeling feelings opinion advice "
     "point reply response bad fault mistake pleasure turn god gosh goodness word words apologies condolences "
-    "thanks")
+    "thanks day week weekend morning afternoon evening night today")
 _SECRET_WORDS = _set(
     "password passwords passcode passphrase pin pins secret secrets token tokens apikey api_key key keys "
     "ssn credential credentials cvv iban otp login")
@@ -95,14 +98,22 @@ _COLON_STOP = _set(
     "system bot me you he she they it subject re fwd from to cc bcc step output input result results tip hint "
     "update edit ps p.s summary reason http https ftp file line todo fixme important caution tl;dr tldr "
     "usage syntax traceback exception stdout stderr log quote source ref see also agent prompt reply "
-    "response task instructions instruction rule rules hey hi dear remember reminder")
+    "response task instructions instruction rule rules hey hi dear remember reminder status")
 _ARTICLES = frozenset(("the", "a", "an"))
+# A value holding one of these, or opening with a verb in -ing, is a passing state ("my build is
+# failing again", "my printer is jammed"): true when said, not a fact to keep.
+_TRANSIENT = _set("today tonight tomorrow yesterday now currently again lately recently anymore still soon lol "
+                  "ready jammed broken down dead late sick cold hot slow busy tired stuck offline crazy weird fine "
+                  "ok okay mess done over awful terrible annoying")
 _SMALL = _set("on in at of for to is are and or with by from every each")
 _ABBREVIATIONS = _set("dr mr mrs ms mx st prof jr sr vs etc e.g i.e no approx dept inc ltd co mt ft")
 _CONNECTORS = _set("but because although though while since whereas which so unless until")
 _CLAUSE_STARTS = _set("i i'm my we we're it it's he she they there this that")
 _STATE_VERBS = _set("has have had does did do can should must got gets get")
-_NOT_VALUES = _set("that to like kind sort so too very really just it this")
+_NOT_VALUES = _set("that to like kind sort so too very really just it this pretty quite super kinda kind-of "
+                   "at in on behind under near inside outside with about around past before after")
+# "my cat is the best", "my week was the worst": a judgement, not a fact
+_JUDGEMENTS = _set("best worst greatest coolest cutest nicest sweetest funniest weirdest")
 _PREFER_SKIP = frozenset(("to", "the", "a", "an", "using", "use", "my", "it", "when", "that", "being"))
 _COPULAS = ("is", "are")
 _QUOTES = "\"“”„«»‘’`"
@@ -194,8 +205,9 @@ def _strip_fillers(words: list[str]) -> list[str]:
     return words
 
 
-def _not_a_fact(folded: list[str], raw: str) -> bool:
-    """Questions, hypotheticals, negations, reported speech and lines addressing the assistant."""
+def _not_a_fact(folded: list[str], raw: str, negation: bool = True) -> bool:
+    """Questions, hypotheticals, negations (unless ``negation`` is False: "Allergies: no nuts"
+    is a value), reported speech and lines addressing the assistant."""
     if raw.rstrip().endswith("?") or "?" in raw:
         return True
     if any(q in raw for q in _QUOTES):
@@ -203,10 +215,9 @@ def _not_a_fact(folded: list[str], raw: str) -> bool:
     if not folded or folded[0] in _QUESTION_OPENERS:
         return True
     words = set(folded)
-    for w in folded:
-        if w.endswith("n't"):
-            return True
-    return bool(words & _HYPOTHETICAL or words & _NEGATION or words & _REPORTED or words & _ADDRESS)
+    if negation and (words & _NEGATION or any(w.endswith("n't") for w in folded)):
+        return True
+    return bool(words & _HYPOTHETICAL or words & _REPORTED or words & _ADDRESS)
 
 
 def _kept(key: str | None, value: str | None, rule: str, sentence: str) -> Proposal | None:
@@ -219,13 +230,18 @@ def _kept(key: str | None, value: str | None, rule: str, sentence: str) -> Propo
     return Proposal(key, value, rule, sentence)
 
 
+def _transient(value: list[str]) -> bool:
+    folded = [_fold(w) for w in value]
+    return bool(set(folded) & _TRANSIENT) or (len(folded[0]) > 4 and folded[0].endswith("ing"))
+
+
 def _value_words(rest: list[str]) -> list[str]:
     """The value's words up to a new clause ("..., but", "because", "and I ...")."""
     out: list[str] = []
     for i, w in enumerate(rest):
         f = _fold(w)
-        if f in _CONNECTORS:
-            break
+        if f in _CONNECTORS or not any(c.isalnum() for c in w):
+            break  # a new clause, or an emoticon or dash ending the value
         if f in ("and", "or") and i + 1 < len(rest) and _fold(rest[i + 1]) in _CLAUSE_STARTS:
             break
         out.append(w)
@@ -243,20 +259,20 @@ def _my_is(words: list[str], folded: list[str], rule: str, sentence: str) -> Pro
         subject, rest = words[1:cut], words[cut + 1:]
     else:
         cut = next((i for i in range(1, limit) if folded[i].endswith("'s")), None)
-        if cut is None:
-            return None
+        if cut is None or set(folded) & (_TENSE | _STATE_VERBS) or len(folded) - cut - 1 > 4:
+            return None  # "my dog's name used to be Rex": not "my dog is ..."
         subject, rest = [*words[1:cut], _fold(words[cut])[:-2]], words[cut + 1:]
     sub = [_fold(x) for x in subject]
     if not 1 <= len(subject) <= MAX_KEY_WORDS or not sub[-1] or set(sub) & _TENSE or set(sub) & _STATE_VERBS:
         return None
-    if sub[-1] in _VAGUE_SUBJECTS or sub[0] in _VAGUE_SUBJECTS:
-        return None
+    if sub[-1] in _VAGUE_SUBJECTS or sub[0] in _VAGUE_SUBJECTS or "my" in sub or set(sub) & _REPORTED:
+        return None  # "my sister thinks my haircut is ...": not the subject of a fact
     rest = _value_words(rest)
-    if not 1 <= len(rest) <= MAX_VALUE_WORDS:
+    if not 1 <= len(rest) <= MAX_VALUE_WORDS or _transient(rest):
         return None
     first = _fold(rest[0])
-    if first in _TENSE or first in _NOT_VALUES:
-        return None  # "my plan is to ...", "my guess is that ...": not a value
+    if first in _TENSE or first in _NOT_VALUES or {_fold(w) for w in rest[:3]} & _JUDGEMENTS:
+        return None  # "my plan is to ...", "my lunch is in the fridge", "my cat is the best": not a value
     return _kept(normalise_key(["user"], subject), _clean_value(rest), rule, sentence)
 
 
@@ -269,10 +285,10 @@ def _prefer(words: list[str], folded: list[str], sentence: str) -> Proposal | No
         start = 3
     if start is None:
         return None
-    rest = words[start:]
+    rest = _value_words(words[start:])
     if not 1 <= len(rest) <= MAX_VALUE_WORDS:
         return None
-    head = [w for w in rest if _fold(w) not in _PREFER_SKIP][:4]
+    head = [w for w in rest if _fold(w) not in _PREFER_SKIP and _fold(w) not in _SMALL][:4]
     if not head or _fold(head[0]) in ("it", "that", "this", "them"):
         return None
     return _kept(normalise_key(["user"], ["prefers"], head), _clean_value(rest), "prefer", sentence)
@@ -327,19 +343,23 @@ def _sentence(raw: str) -> Proposal | None:
 
 def _colon_line(line: str) -> Proposal | None:
     name, sep, rest = line.partition(":")
+    if not sep or name != name.rstrip() or not rest.startswith((" ", "\t")):
+        return None  # "CET :)", "a:b": not "Key: value"
     name, rest = name.strip(), rest.strip()
-    if not sep or not rest or "://" in line or not _COLON_KEY.fullmatch(name):
+    if not rest or "://" in line or not _COLON_KEY.fullmatch(name) or not rest[0].isalnum():
         return None
     words = name.split()
-    if not 1 <= len(words) <= 4 or rest.startswith("/"):
+    if not 1 <= len(words) <= 4:
         return None
     folded = [_fold(w) for w in words]
-    if folded[0] in _COLON_STOP or folded[-1] in _COLON_STOP or set(folded) & _ADDRESS:
+    if folded[0] in _COLON_STOP or folded[-1] in _COLON_STOP or set(folded) & (_ADDRESS | _IMPERATIVES):
         return None
+    if set(folded) & ({"is", "are", "my", "i", "was", "were"} | _REPORTED):
+        return None  # a sentence with a colon in it, not a key
     if name[0].isdigit():
         return None  # "10:30", "3: the third step"
     value_words = rest.split()
-    if len(value_words) > MAX_VALUE_WORDS or _not_a_fact([_fold(w) for w in value_words] or [""], rest):
+    if len(value_words) > MAX_VALUE_WORDS or _not_a_fact([_fold(w) for w in value_words] or [""], rest, False):
         return None
     if _fold(value_words[0]) in _IMPERATIVES:
         return None
@@ -361,9 +381,12 @@ def extract(text: str) -> list[Proposal]:
             out.append(p)
         return len(out) >= MAX_PROPOSALS
 
-    lines = [ln.strip() for ln in text[:MAX_TEXT].split("\n") if ln.strip()][:MAX_SENTENCES]
+    raw_lines = [ln for ln in text[:MAX_TEXT].split("\n") if ln.strip()][:MAX_SENTENCES]
+    lines = [ln.strip() for ln in raw_lines]
     colon_lines = [ln for ln in lines if _is_colon_shaped(ln)]
-    colon_ok = len(colon_lines) <= MAX_COLON_LINES
+    # Code, indented structure or many "X: Y" lines: pasted data, not statements.
+    colon_ok = len(colon_lines) <= MAX_COLON_LINES and "```" not in text[:MAX_TEXT] and not any(
+        ln[0].isspace() for ln in raw_lines)
     for line in lines:
         if _is_colon_shaped(line):
             if not colon_ok:

@@ -5,7 +5,7 @@ here, per doc, the fields a filter reads: whether the row is current, its T-orde
 recency ranking), category, confidence, world times, the entry's timestamp, and the author and
 feed position (seq) of its entry (which decide whether the row is in an entry's causal past),
 and its labels (node/memory/labels.py: the hygiene rule that flagged it, whether it holds a
-secret, whether its source is ingested text).
+secret, whether its source is ingested text, whether auto-capture derived it).
 Filters then cost one vectorised pass over these arrays instead of a Python call per candidate
 (:meth:`node.memory.timeline.Filters.mask`).
 
@@ -31,7 +31,8 @@ NO_TO = 1 << 62
 _ARRAYS = (("height", np.float64, 0), ("current", np.bool_, False), ("category", np.int32, -1),
            ("confidence", np.int8, 0), ("valid_from", np.int64, NO_FROM), ("valid_to", np.int64, NO_TO),
            ("ts", np.int64, 0), ("author", np.int32, -1), ("seq", np.int64, -1),
-           ("flag", np.int8, NO_FLAG), ("secret", np.bool_, False), ("ingested", np.bool_, False))
+           ("flag", np.int8, NO_FLAG), ("secret", np.bool_, False), ("ingested", np.bool_, False),
+           ("derived", np.bool_, False))
 
 
 class DocColumns:
@@ -49,6 +50,7 @@ class DocColumns:
     flag: np.ndarray
     secret: np.ndarray
     ingested: np.ndarray
+    derived: np.ndarray
 
     def __init__(self) -> None:
         self.n = 0
@@ -92,6 +94,7 @@ class DocColumns:
         self.flag[doc] = labels.flag_id
         self.secret[doc] = labels.secret is not None
         self.ingested[doc] = labels.ingested
+        self.derived[doc] = labels.derived
         self.n = doc + 1
         return doc
 
@@ -113,6 +116,7 @@ class DocColumns:
         self.flag[first:end] = [lab.flag_id for lab in labels]
         self.secret[first:end] = [lab.secret is not None for lab in labels]
         self.ingested[first:end] = [lab.ingested for lab in labels]
+        self.derived[first:end] = [lab.derived for lab in labels]
         self.n = end
 
     def nbytes(self) -> int:

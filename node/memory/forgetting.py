@@ -156,9 +156,10 @@ def check_authors(plan: ForgetPlan, perm: Permission, signer: str, who: str, ban
     others = sorted(plan.authors() - {signer})
     if others and perm.level != "admin":
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-        raise ForgetRefused("auth.not_admin", f"{who} may not forget {plan.key!r} in bank {bank}: some of what holds it was written "
-                            f"by other keys ({shown}), and erasing another key's writing needs Admin of the bank; "
-                            "nothing was erased")
+        stores = ", ".join(sorted({t.store for t in plan.targets if t.author != signer}))
+        raise ForgetRefused("auth.not_admin", f"{who} may not forget {plan.key!r} in bank {bank}: some of what holds it "
+                            f"was written by other keys ({shown}; {stores} payloads), and erasing another key's "
+                            "writing needs Admin of the bank; nothing was erased")
 
 
 def erase(db: Database, key: SigningKey, targets: Sequence[Target],

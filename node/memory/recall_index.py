@@ -95,6 +95,7 @@ class RecallIndex:
         self.secret_of: dict[int, str] = {}  # doc -> why it is a secret (few docs)
         self.flagged = 0  # docs with a hygiene flag
         self.ingested = 0  # docs of an ingested source
+        self.derived = 0  # docs of source derived (auto-capture)
         self.scored = 0  # docs with an importance or a confidence (docs/memory.md, "Importance and confidence")
 
     def _count(self, doc: int, labels: Labels) -> None:
@@ -102,6 +103,7 @@ class RecallIndex:
             self.secret_of[doc] = labels.secret
         self.flagged += labels.flag is not None
         self.ingested += labels.ingested
+        self.derived += labels.derived
 
     # ------------------------------------------------------------------ docs
     def add(self, m: Memory, seq: int) -> int:
@@ -129,7 +131,7 @@ class RecallIndex:
         labels = [row_labels(m) for m in mems]
         self.cols.extend(mems, seqs, labels)
         for doc, lab in zip(docs, labels):
-            if lab.secret is not None or lab.flag is not None or lab.ingested:
+            if lab.secret is not None or lab.flag is not None or lab.ingested or lab.derived:
                 self._count(doc, lab)
         self.mem.extend(mems)
         self.row_doc.update(zip((m.row_key for m in mems), docs))

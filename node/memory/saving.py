@@ -13,6 +13,10 @@ Against the key's current row in the target bank (docs/memory.md, "Dedup and sup
   row, never a dedup into a retired fact;
 * ``supersedes: [KEY, ...]`` names other keys of the bank whose current rows the new row
   retires; each must have one. They are ``supersedes`` edges carrying the entry retired.
+
+A key with no current row is also compared with the bank's other current memories
+(node/memory/dedup.py: the same text, or a near-duplicate by the embedder's threshold); the
+memory service asks that after this plan, and decides with ``on_duplicate``.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from memmesh.crdt.clock import now_ms
 from memmesh.crdt.database import Database
 from memmesh.node.memory.access import AccessCounts
 from memmesh.node.memory.agents import Agent, Agents, agent_state
+from memmesh.node.memory.dedup import CHOICES, Duplicate, check_choice, find_duplicate
 from memmesh.node.memory.defaults import BuiltIn, MemorySettings
 from memmesh.node.memory.embedders import Embedder, EmbedderError
 from memmesh.node.memory.framing import DEFAULT_CONTEXT_WINDOW, budget_chars, fit, memory_line
@@ -166,31 +167,46 @@ class MemoryService:
     # ------------------------------------------------------------------ tools
     def remember(self, agent: Agent, key: str, value: str, tags: Sequence[str] = (),
                  bank: str | None = None, *, supersedes: Sequence[str] = (),
-                 now: int | None = None, **fields: Any) -> dict[str, Any]:
+                 now: int | None = None, on_duplicate: str | None = None, **fields: Any) -> dict[str, Any]:
         """``fields``: the optional row fields (node/memory/rows.py); dedup, merge and
-        supersession as node/memory/saving.py decides. ``now`` (ms): the caller's clock."""
-        memory_value(key, value, tags if tags is not None else (), **fields)  # bad input fails first
+        supersession as node/memory/saving.py decides. ``now`` (ms): the caller's clock.
+
+        A new key whose memory a current memory of the bank already states (the same text, or
+        similar by the embedder's threshold: node/memory/dedup.py) writes nothing and answers
+        with that memory (``ok`` false, ``duplicate``), unless ``on_duplicate`` chooses:
+        ``merge`` (write into that key, by the rules above), ``supersede`` (write the new key,
+        retiring that one) or ``create`` (write it anyway)."""
+        tags = tags if tags is not None else ()
+        memory_value(key, value, tags, **fields)  # bad input fails first
+        choice = check_choice(on_duplicate)
         target = self.agents.open_for(agent, bank, "write")
-        plan = plan_write(self.view(target.db), key, value, tags if tags is not None else (),
-                          supersedes=supersedes, now=now_ms() if now is None else now, **fields)
+        view = self.view(target.db)
+        now = now_ms() if now is None else now
+        plan = plan_write(view, key, value, tags, supersedes=supersedes, now=now, **fields)
+        prepared: tuple[Labels, np.ndarray | None, list[str]] | None = None
+        duplicate = None
+        if plan.row is not None and plan.current is None and choice != "create":  # a key new to the bank
+            prepared = self._prepare(plan.row)
+            skip = {plan.row["key"], *(s["key"] for s in plan.superseded)}
+            duplicate = find_duplicate(view, plan.row["value"], prepared[1], now=now, skip=skip)
+            if duplicate is not None:
+                if choice is None:
+                    return self._duplicate_answer(plan.row["key"], target.name, duplicate, prepared[2])
+                if choice == "merge":
+                    plan = plan_write(view, duplicate.memory.key, value, tags, supersedes=supersedes, now=now,
+                                      **fields)
+                    prepared = None  # another key: another text to embed
+                else:  # supersede: the same row, retiring the duplicate too
+                    plan = plan_write(view, key, value, tags, supersedes=[*supersedes, duplicate.memory.key],
+                                      now=now, **fields)
+        about = {"duplicate_of": duplicate.to_dict(), "on_duplicate": choice} if duplicate is not None else {}
         if plan.row is None:
             current = plan.current
             assert current is not None  # nothing to write: the current row says the same
             return {"ok": True, "key": current.key, "bank": target.name, "entry": current.entry_id,
-                    "embedded": False, "warnings": [], "deduplicated": True, "merged_into": current.key}
+                    "embedded": False, "warnings": [], "deduplicated": True, "merged_into": current.key, **about}
         row = plan.row
-        warnings: list[str] = []
-        labels = labels_of(row["key"], row["value"], row["tags"], row.get("source"))
-        if labels.secret is not None:
-            what = "is tagged contains-secrets" if labels.secret == "tagged" else f"holds a credential ({labels.secret})"
-            warnings.append(f"this memory {what}: stored without a vector; never auto-recalled, and recall returns "
-                            "it only to an agent whose config sets include_secrets")
-            vector = None
-        else:
-            vector = self._embed(f"{row['key']} {row['value']}", warnings, "write")
-        if labels.flag is not None:
-            warnings.append(f"this memory reads like an instruction to the assistant (rule {labels.flag}): stored and "
-                            "flagged; never auto-recalled, and recall shows it with the flag")
+        labels, vector, warnings = prepared if prepared is not None else self._prepare(row)
         txn = target.db.transaction(agent.key)
         row_key = txn.append(MEMORY_STORE, row)
         if vector is not None and self.embedder is not None:
@@ -207,7 +223,37 @@ class MemoryService:
             **({"secret": labels.secret} if labels.secret is not None else {}),
             **({"merged": True} if plan.merged else {}),
             **({"supersedes": plan.superseded} if plan.superseded else {}),
+            **about,
         }
+
+    def _prepare(self, row: dict[str, Any]) -> tuple[Labels, np.ndarray | None, list[str]]:
+        """A row's labels, its vector (None for a secret, or when the embedder fails or there is
+        none) and the warnings to give with it."""
+        warnings: list[str] = []
+        labels = labels_of(row["key"], row["value"], row["tags"], row.get("source"))
+        if labels.secret is not None:
+            what = "is tagged contains-secrets" if labels.secret == "tagged" else f"holds a credential ({labels.secret})"
+            warnings.append(f"this memory {what}: stored without a vector; never auto-recalled, and recall returns "
+                            "it only to an agent whose config sets include_secrets")
+            vector = None
+        else:
+            vector = self._embed(f"{row['key']} {row['value']}", warnings, "write")
+        if labels.flag is not None:
+            warnings.append(f"this memory reads like an instruction to the assistant (rule {labels.flag}): stored and "
+                            "flagged; never auto-recalled, and recall shows it with the flag")
+        return labels, vector, warnings
+
+    @staticmethod
+    def _duplicate_answer(key: str, bank: str, dup: Duplicate, warnings: list[str]) -> dict[str, Any]:
+        """Nothing written: the memory that already says it, and how to choose."""
+        have = dup.memory.key
+        how = "the same text" if dup.why == "same text" else f"similar, cosine {dup.similarity:.2f}"
+        message = (f"not saved: {bank} already has this as {have!r} ({how}); to save it give on_duplicate: "
+                   f"merge (write into {have!r}), supersede (save {key!r} and retire {have!r}) or create (keep both)")
+        return {"ok": False, "key": key, "bank": bank, "entry": dup.memory.entry_id, "embedded": False,
+                "warnings": [w.replace("; stored without a vector", "; only the same text was compared")
+                             for w in warnings if not w.startswith("this memory ")], "duplicate": dup.to_dict(),
+                "choices": list(CHOICES), "message": message}
 
     def recall(
         self,
@@ -305,6 +351,7 @@ class MemoryService:
             return True
         present = view.weighted_tiers_present()
         return (present["ingested"] and w.get("ingested", 1.0) != 1.0) or (
+            present["derived"] and w.get("derived", 1.0) != 1.0) or (
             present["flagged"] and not ranking.hide_flagged and w.get("flagged", 1.0) != 1.0)
 
     def neighbors(self, agent: Agent, key: str | None, bank: str | None = None, types: Sequence[str] = (),

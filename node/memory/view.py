@@ -308,7 +308,8 @@ class MemoryView(ViewFeed):
             return row_labels(m), False
         cols = ix.cols
         flag = int(cols.flag[doc])
-        labels = Labels(None if flag == NO_FLAG else FLAG_NAMES[flag], ix.secret_of.get(doc), bool(cols.ingested[doc]))
+        labels = Labels(None if flag == NO_FLAG else FLAG_NAMES[flag], ix.secret_of.get(doc), bool(cols.ingested[doc]),
+                        bool(cols.derived[doc]))
         hidden = self._hidden_mask()
         return labels, bool(hidden is not None and hidden[doc])
 
@@ -322,12 +323,24 @@ class MemoryView(ViewFeed):
     def weighted_tiers_present(self) -> dict[str, bool]:
         """Which label-derived tiers any doc holds (cheap: counts kept as docs arrive)."""
         ix = self._current_index()
-        return {"ingested": ix.ingested > 0, "flagged": ix.flagged > 0}
+        return {"ingested": ix.ingested > 0, "flagged": ix.flagged > 0, "derived": ix.derived > 0}
 
     @locked
     def has_scores(self) -> bool:
         """Whether any row carries an importance or a confidence (then recall re-weighs)."""
         return self._current_index().scored > 0
+
+    @locked
+    def nearest(self, vector: np.ndarray, limit: int) -> list[tuple[Memory, float]]:
+        """The current memories whose vectors (in the active store) are nearest ``vector``, best
+        first, with their exact cosines (positive ones only); for remember's near-duplicate
+        check (node/memory/dedup.py), which needs cosines, not recall's fused ranks."""
+        ix = self._current_index()
+        block = ix.vectors.get(len(vector))
+        if block is None or not len(block):
+            return []
+        hits = block.search(np.asarray(vector), limit=limit, tiebreak=ix.tiebreak.__getitem__)
+        return [(ix.mem[d], float(s)) for d, s in hits]
 
     @locked
     def about(self, entity: str) -> list[Memory]:
@@ -369,7 +382,8 @@ class MemoryView(ViewFeed):
         flag = cols.flag[docs]
         flagged = (flag != NO_FLAG) & ~quarantined
         ingested = cols.ingested[docs] & ~flagged & ~quarantined
-        plain = ~quarantined & ~flagged & ~ingested
+        derived = cols.derived[docs] & ~ingested & ~flagged & ~quarantined
+        plain = ~quarantined & ~flagged & ~ingested & ~derived
         rid = cols.authors.get(reader) if reader is not None else None
         owner = plain & (cols.author[docs] == rid) if rid is not None else np.zeros(len(docs), dtype=bool)
         secret = np.fromiter((int(d) in ix.secret_of for d in docs), dtype=bool, count=len(docs))
@@ -378,7 +392,9 @@ class MemoryView(ViewFeed):
             if self._store is not None else 0
         return {
             "memories": len(docs),
-            "tiers": {"owner": int(owner.sum()), "peer": int((plain & ~owner).sum()), "ingested": int(ingested.sum()),
+            # derived only when some row is: a bank without auto-capture reports what it always did
+            "tiers": {"owner": int(owner.sum()), **({"derived": int(derived.sum())} if derived.any() else {}),
+                      "peer": int((plain & ~owner).sum()), "ingested": int(ingested.sum()),
                       "flagged": int(flagged.sum()), "quarantined": int(quarantined.sum())},
             "flagged_by_rule": {name: int(((flag == i) & ~quarantined).sum()) for i, name in enumerate(FLAG_NAMES)
                                 if ((flag == i) & ~quarantined).any()},

@@ -529,14 +529,15 @@ def test_peer_and_lag_events_follow_a_real_link_between_two_serves(tmp_path):
                     for name, params in (("agent.new", {"name": "gamma"}),
                                          ("memory.grant", {"bank": "notes", "agent": "gamma", "perm": "write"})):
                         await asyncio.to_thread(b.run, name, params)
-                    await asyncio.to_thread(b.run, "remember", {"agent": "gamma", "key": "k", "value": "v",
-                                                                "bank": "notes"})
+                    await asyncio.to_thread(b.run, "remember", {"agent": "gamma", "key": "k",
+                                                                "value": "the deploy runs on Tuesdays", "bank": "notes"})
                     up = await until_event(sse, lambda f: f["event"] == "lag.changed" and f["data"]["peer_lacks"] > 0)
                     await until_event(sse, lambda f: f["event"] == "lag.changed" and f["data"]["peer_lacks"] == 0)
                     a.kill()
                     lost = await until_event(sse, lambda f: f["event"] == "peer.lost")
-                    await asyncio.to_thread(b.run, "remember", {"agent": "gamma", "key": "k2", "value": "v2",
-                                                                "bank": "notes"})
+                    # Another fact altogether: not a near-duplicate of the first (docs/memory.md).
+                    await asyncio.to_thread(b.run, "remember", {"agent": "gamma", "key": "k2",
+                                                                "value": "lunch is at noon in the canteen", "bank": "notes"})
                     behind = await until_event(sse, lambda f: f["event"] == "lag.changed"
                                                and f["data"]["peer_lacks"] > 0)
                     assert up["data"]["peer"] == lost["data"]["peer"] == behind["data"]["peer"] == a.node_key

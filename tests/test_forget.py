@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memmesh.auth.errors import AuthError, MemmeshError
+from memmesh.auth.keys import public_key_str
 from memmesh.node import Node
 from memmesh.node.commands.chat_grammar import ChatUsageError
 from memmesh.node.commands.params import ParamsError
@@ -324,21 +325,34 @@ def test_any_forgotten_key_leaves_no_byte_and_the_rest_stays_recallable(tmp_path
             assert files_holding(home, values[key][-1]) == ["node.sqlite"]
 
 
-def test_after_a_bank_reindex_a_writer_is_told_the_vectors_are_the_banks(home):
-    """memory reindex signs a bank's vectors with the bank's admin key: erasing them is another
-    key's writing, so a writer's forget is refused whole, naming the embeddings payloads."""
-    text = marker()
+def test_after_a_bank_reindex_a_writer_forgets_its_own_memory_and_the_banks_vectors_of_it(home):
+    """memory reindex signs a bank's vectors with the bank's Admin key, which this node holds: a
+    writer forgetting its own memory gets those vectors erased with that key too (nothing of the
+    text is left), while a version another key wrote still needs an Admin (refused whole)."""
+    text, other = marker(), marker("other")
     node = _bank_home(home)
     tool(node, "alpha", "remember", key="k", value=text, bank="notes")
+    tool(node, "gamma", "remember", key="g", value=other, bank="notes")
     node.run("embedder.set", {"provider": "hashed"})
     node.run("memory.reindex", {"bank": "notes"})
+    admin = str(node.agents.resolve("notes").admin_key.public)
     node.close()
     node = open_node(home)
+    out = node.run("forget", {"agent": "alpha", "key": "k", "bank": "notes"}).data
+    assert any(e["store"].startswith("embeddings:hashed/") for e in out["erased"])
+    assert out["vectors_rewritten"] == [{"key": "g", "store": "embeddings:hashed/hashed-v1-384"}]
+    erasers = {public_key_str(node.agents.resolve("notes").db.entry(e).author) for e in out["entries"]}
+    assert erasers == {str(node.agents.agent("alpha").key.public), admin}
+    assert all(m["key"] != "k" for m in recalled(node, "alpha", "notes"))
+    # gamma's memory keeps its vector (written again by alpha before the batch was erased).
+    assert [m["key"] for m in node.call_tool("gamma", "recall", {"query": other, "bank": "notes"})["memories"]] == ["g"]
+    # A key gamma also wrote a version of: alpha (Write) may not erase gamma's writing.
+    tool(node, "alpha", "remember", key="shared", value=marker("a"), bank="notes")
+    tool(node, "gamma", "remember", key="shared", value=marker("g"), bank="notes")
     before = entries(node, "notes")
     with pytest.raises(AuthError) as err:
-        node.run("forget", {"agent": "alpha", "key": "k", "bank": "notes"})
-    said = str(err.value)
-    assert "some of what holds it was written by other keys" in said and "embeddings:hashed/" in said
-    assert "\n" not in said and entries(node, "notes") == before
-    assert [m["value"] for m in recalled(node, "alpha", "notes")] == [text]
+        node.run("forget", {"agent": "alpha", "key": "shared", "bank": "notes"})
+    assert "some of what holds it was written by other keys" in str(err.value) and entries(node, "notes") == before
     node.close()
+    checkpoint(home)
+    assert files_holding(home, text) == []

@@ -9,22 +9,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memmesh.node.memory.forgetting import check_authors, check_writer, erase, plan_forget
+from memmesh.node.memory.forgetting import check_authors, check_writer, erase, own_vectors_signed_by, plan_forget
 from memmesh.node.memory.rows import iso_utc
 
 if TYPE_CHECKING:
+    from memmesh.auth.keys import SigningKey
     from memmesh.crdt.database import Database
     from memmesh.node.library import Node
     from memmesh.node.memory.agents import Agent
 
 
-def _bank(node: Node, agent: Agent, bank: str | None) -> tuple[str, Database]:
+def _bank(node: Node, agent: Agent, bank: str | None) -> tuple[str, Database, SigningKey | None]:
+    """The bank's name, its database, and its Admin key when this node holds it (a bank of this
+    node; None for the agent's own database, where the agent is the Admin)."""
     if bank is None or bank == agent.name or bank == agent.db.id:
-        return agent.name, agent.db
+        return agent.name, agent.db, None
     ref = node.agents.resolve(bank)  # an unknown or malformed name: one line (UnknownName)
     if ref.db.id == agent.db.id:
-        return agent.name, agent.db
-    return ref.name, ref.db
+        return agent.name, agent.db, None
+    return ref.name, ref.db, ref.admin_key
 
 
 def forget_memory(node: Node, agent: Agent, key: str, bank: str | None, *, preview: bool = False) -> dict[str, Any]:
@@ -32,17 +35,26 @@ def forget_memory(node: Node, agent: Agent, key: str, bank: str | None, *, previ
     key; with ``preview``, only say what would be erased. Refused (nothing written) when the
     agent holds less than Write, when the key has no row, or when some payload is another
     key's and the agent is not an Admin of the bank."""
-    name, db = _bank(node, agent, bank)
+    name, db, admin_key = _bank(node, agent, bank)
     signer = str(agent.key.public)
     perm = db.permission(signer)
     who = f"agent {agent.name}"
     check_writer(perm, who, name)
     assert perm is not None
     plan = plan_forget(db, key, name)
-    check_authors(plan, perm, signer, who, name)
+    # `memory reindex` signs a bank's vectors with its Admin key, which this node holds: the
+    # vectors of the agent's own memories it wrote that way are erased with that key, so their
+    # author can forget them with Write (docs/memory.md, "Forget"). Anything else of another key
+    # still needs the agent to be an Admin.
+    by_admin = own_vectors_signed_by(plan, signer, admin_key)
+    check_authors(plan, perm, signer, who, name, also=by_admin)
     entries: list[str] = []
     if not preview:
-        entries = erase(db, agent.key, plan.targets, plan.rewrite)
+        own = [t for t in plan.targets if t not in by_admin]
+        entries = erase(db, agent.key, own, plan.rewrite)
+        if by_admin:
+            assert admin_key is not None  # by_admin is empty without it
+            entries += erase(db, admin_key, by_admin)
         node.memory.view(db).load()  # rebuilt now: the index holds nothing of the key from here on
     versions = [{"entry": r.entry_id, "written_by": r.author, "time": iso_utc(r.ts)} for r in plan.versions]
     erased = [{"entry": t.entry, "store": t.store} for t in plan.targets]

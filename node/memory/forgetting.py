@@ -80,9 +80,6 @@ class ForgetPlan:
     erased_with: list[dict[str, str]] = field(default_factory=list)  # other keys' rows sharing a payload
     rewrite: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)  # (store, value, memory key)
 
-    def authors(self) -> set[str]:
-        return {t.author for t in self.targets}
-
 
 def _memory_key(row: RowRecord) -> str | None:
     v = row.value
@@ -150,13 +147,27 @@ def check_writer(perm: Permission | None, who: str, bank: str) -> None:
                             "(for memories it wrote itself) or Admin; nothing was erased")
 
 
-def check_authors(plan: ForgetPlan, perm: Permission, signer: str, who: str, bank: str) -> None:
-    """ForgetRefused unless ``signer`` (holding ``perm``) may erase every payload of the plan:
-    its own with Write, anyone's with Admin."""
-    others = sorted(plan.authors() - {signer})
+def own_vectors_signed_by(plan: ForgetPlan, signer: str, admin_key: SigningKey | None) -> list[Target]:
+    """The plan's vector payloads signed with ``admin_key`` (a reindex) when every memory row
+    the plan erases is ``signer``'s own: those this node may erase with that key for the
+    memories' author. Empty without the key, or when another key wrote a version."""
+    if admin_key is None:
+        return []
+    admin = str(admin_key.public)
+    if any(t.author != signer for t in plan.targets if t.store == MEMORY_STORE):
+        return []
+    return [t for t in plan.targets if t.store != MEMORY_STORE and t.author == admin and admin != signer]
+
+
+def check_authors(plan: ForgetPlan, perm: Permission, signer: str, who: str, bank: str,
+                  also: Sequence[Target] = ()) -> None:
+    """ForgetRefused unless ``signer`` (holding ``perm``) may erase every payload of the plan
+    but those in ``also`` (erased with another key this node holds): its own with Write,
+    anyone's with Admin."""
+    others = sorted({t.author for t in plan.targets if t not in also} - {signer})
     if others and perm.level != "admin":
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-        stores = ", ".join(sorted({t.store for t in plan.targets if t.author != signer}))
+        stores = ", ".join(sorted({t.store for t in plan.targets if t.author != signer and t not in also}))
         raise ForgetRefused("auth.not_admin", f"{who} may not forget {plan.key!r} in bank {bank}: some of what holds it "
                             f"was written by other keys ({shown}; {stores} payloads), and erasing another key's "
                             "writing needs Admin of the bank; nothing was erased")

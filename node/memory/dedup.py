@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from .rows import Memory, MemoryInputError, normalized_value
+from .rows import Memory, MemoryInputError
 from .view import MemoryView
 
 __all__ = ["CHOICES", "THRESHOLDS", "Duplicate", "check_choice", "find_duplicate", "threshold_for"]
@@ -79,23 +78,14 @@ def _counts(view: MemoryView, m: Memory, now: int, skip: Collection[str]) -> boo
     return not view.labels(m)[1]  # not quarantined
 
 
-@lru_cache(maxsize=1 << 17)
-def _text_hash(value: str) -> int:
-    """The hash of a value's normalised text, kept per value string: a bank's scan costs one
-    dict lookup per memory once its values were seen (a string caches its own hash)."""
-    return hash(normalized_value(value))
-
-
 def find_duplicate(view: MemoryView, value: str, vector: np.ndarray | None, *, now: int,
                    skip: Collection[str] = ()) -> Duplicate | None:
     """The current memory of ``view`` that already says ``value`` (its vector ``vector``, None
     when it has none): the newest with the same text, else the most similar at or above the
     store's threshold; None if there is none. ``skip``: keys that never count (the new key,
     the keys the call supersedes)."""
-    wanted = normalized_value(value)
-    target = hash(wanted)
-    for m in view.memories():  # current rows, newest first
-        if _text_hash(m.value) == target and normalized_value(m.value) == wanted and _counts(view, m, now, skip):
+    for m in view.saying(value):  # current rows, newest first
+        if _counts(view, m, now, skip):
             return Duplicate(m, "same text", 1.0)
     threshold = threshold_for(view.embedding_store)
     if threshold is None or vector is None:

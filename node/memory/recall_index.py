@@ -51,7 +51,7 @@ from .bm25 import InvertedIndex, Subset
 from .columns import DocColumns
 from .fusion import RRF_K, rank_candidates, rrf
 from .labels import Labels, row_labels
-from .rows import Memory, order_desc_key
+from .rows import Memory, normalized_value, order_desc_key
 from .tokens import document_text, tokenize
 from .vectors import VectorIndex
 
@@ -85,6 +85,10 @@ class RecallIndex:
         self.tiebreak: list[tuple[int, int, int]] = []  # doc -> order_desc_key
         self.tag_docs: dict[str, set[int]] = {}  # casefolded tag -> docs carrying it
         self.entity_docs: dict[str, set[int]] = {}  # casefolded entity -> docs about it
+        # hash of the normalised value -> docs saying it: remember's same-text check is a lookup,
+        # not a scan of the bank (node/memory/dedup.py); rebuilt with the index, so a forgotten
+        # value leaves it with the rest.
+        self.text_docs: dict[int, list[int]] = {}
         self.cols = DocColumns()
         self.all_bm25 = InvertedIndex()  # every doc: whole-history statistics
         self.bm25 = Subset(self.all_bm25)  # the current docs, with their own statistics
@@ -116,8 +120,12 @@ class RecallIndex:
         for tag in {t.casefold() for t in m.tags}:
             self.tag_docs.setdefault(tag, set()).add(doc)
         self._about(doc, m)
+        self._said(doc, m)
         self.all_bm25.add(doc, _tokens(m))
         return doc
+
+    def _said(self, doc: int, m: Memory) -> None:
+        self.text_docs.setdefault(hash(normalized_value(m.value)), []).append(doc)
 
     def _about(self, doc: int, m: Memory) -> None:
         for entity in {e.casefold() for e in m.entities}:
@@ -146,6 +154,7 @@ class RecallIndex:
                     docs_of.add(doc)
             if m.entities or m.importance is not None or m.confidence is not None:
                 self._about(doc, m)
+            self._said(doc, m)
         self.all_bm25.add_many((doc, _tokens(m)) for doc, m in zip(docs, mems))
 
     def make_current(self, doc: int) -> None:

@@ -59,7 +59,7 @@ from .quarantine import Quarantine, hidden_mask, quarantines
 from .recall_args import check_dim, check_filter_tags, check_query_vector, check_store
 from .recall_index import RRF_DEPTH
 from .relevance import floor_for
-from .rows import Memory, MemoryInputError
+from .rows import Memory, MemoryInputError, normalized_value
 from .timeline import Filters, current_in
 from .tokens import tokenize
 from .view_feed import Past, ViewFeed, locked
@@ -341,6 +341,16 @@ class MemoryView(ViewFeed):
             return []
         hits = block.search(np.asarray(vector), limit=limit, tiebreak=ix.tiebreak.__getitem__)
         return [(ix.mem[d], float(s)) for d, s in hits]
+
+    @locked
+    def saying(self, value: str) -> list[Memory]:
+        """The current rows whose value is ``value`` once normalised (rows.normalized_value),
+        newest first: a lookup by the normalised text's hash, then an exact comparison."""
+        ix = self._current_index()
+        wanted = normalized_value(value)
+        docs = [d for d in ix.text_docs.get(hash(wanted), ()) if ix.cols.current[d]
+                and normalized_value(ix.mem[d].value) == wanted]
+        return [ix.mem[d] for d in sorted(docs, key=ix.tiebreak.__getitem__)]
 
     @locked
     def about(self, entity: str) -> list[Memory]:

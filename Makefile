@@ -12,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,embed,mcp]"
+	$(BIN)/python -m pip install --quiet -e ".[test,embed,mcp,langgraph]"
 	@rm -f $(VENV)/.installed-* && touch $@
 
 test: check

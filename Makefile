@@ -19,11 +19,11 @@ test: check
 	$(BIN)/python -m pytest -q
 
 # Lint, types and the package's floors (.importlinter): a failure here fails `make test` and CI.
-# The core layers are typed strictly; the node with mypy's defaults.
+# The core layers are typed strictly; the node and the integrations with mypy's defaults.
 check: venv
-	$(BIN)/ruff check auth crdt tickets node tests bench memmesh
+	$(BIN)/ruff check auth crdt tickets node integrations tests bench memmesh
 	$(BIN)/mypy --strict -p memmesh.auth -p memmesh.crdt -p memmesh.tickets
-	$(BIN)/mypy -p memmesh.node
+	$(BIN)/mypy -p memmesh.node -p memmesh.integrations
 	$(BIN)/lint-imports --no-cache
 
 # Everything but the slow multi-process tests (CI runs them all).

@@ -410,6 +410,14 @@ class Database:
         """Stored, waiting in the pending area, or recently refused."""
         return entry_id in self._log or entry_id in self._pending or self._refusals.get(entry_id) is not None
 
+    def ids_starting(self, prefix: str) -> set[str]:
+        """The ids ``knows`` would answer for that start with ``prefix`` (a short id a person
+        copied): one scan of what is stored, pending and recorded as refused."""
+        found = {i for i in self._log.nodes if i.startswith(prefix)}
+        found.update(i for i in self.pending_ids() if i.startswith(prefix))
+        found.update(r.id for r in self._refusals.recent(limit=1 << 30) if r.id.startswith(prefix))
+        return found
+
     def explain(self, entry_id: str) -> str:
         node = self._log.get(entry_id)
         if node is not None:

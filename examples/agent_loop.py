@@ -1,9 +1,9 @@
 """A minimal agent loop on memmesh's local HTTP API (docs/api.md), runnable offline.
 
 Before each model call it fetches the agent's ``## Relevant Memories`` block for the
-conversation so far and puts it in the system prompt; it offers the model memmesh's three
-tools (remember, recall, list_memory_banks) with the input schemas the API publishes in its
-OpenAPI document, and runs the tool calls the model makes. The model here is a stand-in
+conversation so far and puts it in the system prompt; it offers the model every agent tool
+the API publishes (remember, recall, list_memory_banks, neighbors and forget), with the input
+schemas of its OpenAPI document, and runs the tool calls the model makes. The model here is a stand-in
 (``stand_in_model``): a few rules instead of a language model, so the loop runs without a
 network or an API key. Replace it with a call to a real model; nothing else changes.
 
@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-TOOLS = ("remember", "recall", "list_memory_banks")
+TOOL_PATH = re.compile(r"^/v1/agents/\{agent\}/tools/(\w+)$")  # one route per agent tool
 
 
 class Api:
@@ -52,12 +52,16 @@ class Api:
             raise RuntimeError(f"{method} {path}: {exc.code} {error.get('code')}: {error.get('message')}") from None
 
     def tool_schemas(self) -> dict[str, dict[str, Any]]:
-        """Each tool's input schema, as the API's OpenAPI document publishes it."""
+        """Each tool's input schema, as the API's OpenAPI document publishes it: every tool the
+        node has, so a tool added to memmesh reaches the model without a change here."""
         doc = self._call("GET", "/v1/openapi.json")
         schemas = doc.get("components", {}).get("schemas", {})
         out = {}
-        for tool in TOOLS:
-            op = doc["paths"][f"/v1/agents/{{agent}}/tools/{tool}"]["post"]
+        for path, item in doc["paths"].items():
+            match = TOOL_PATH.match(path)
+            if match is None:
+                continue
+            tool, op = match.group(1), item["post"]
             schema = op["requestBody"]["content"]["application/json"]["schema"]
             ref = schema.get("$ref", "")
             out[tool] = schemas[ref.rsplit("/", 1)[-1]] if ref else schema

@@ -1,13 +1,14 @@
 """memmesh node: everything that runs (storage, memory, sync, interfaces).
 
-The Python library is ``node.Node`` (see node.library); it is imported lazily so that a
-submodule (the storage, a benchmark's view) can be imported without loading every command.
+The Python library is ``node.connect`` (node/client.py: through the home's serve when one runs)
+and ``node.Node`` (node/library.py: the home opened in this process); both are imported lazily so
+that a submodule (the storage, a benchmark's view) can be imported without loading every command.
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Node"]
+__all__ = ["Client", "Node", "connect"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,4 +16,8 @@ def __getattr__(name: str) -> Any:
         from memmesh.node.library import Node
 
         return Node
+    if name in ("Client", "connect"):
+        from memmesh.node import client as module
+
+        return getattr(module, name)
     raise AttributeError(name)

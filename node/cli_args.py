@@ -50,7 +50,15 @@ def commands(registry: Registry | None = None) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in table(registry)["commands"]}
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line, like every other error of the command line,
+    naming where the full usage is (argparse prints the usage, 3 to 8 lines, first)."""
+
+    def error(self, message: str) -> Any:  # argparse's signature: it never returns
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Parser(OneLineParser):
     """A command's parser whose arguments are added when it is first used (it parses its part
     of the command line, or shows its help): a command line names one command, and adding the
     arguments of all of them is most of what building the parser costs."""
@@ -85,8 +93,8 @@ def build_parser(registry: Registry | None = None, *, lazy: bool = False) -> arg
     common.add_argument("--home", type=Path, default=argparse.SUPPRESS,
                         help="node home directory (default: $MEMMESH_HOME or the per-user data directory)")
 
-    p = argparse.ArgumentParser(prog="memmesh", description="A peer-to-peer replicated memory node for AI agents.",
-                                parents=[common])
+    p = OneLineParser(prog="memmesh", description="A peer-to-peer replicated memory node for AI agents.",
+                      parents=[common])
     top = p.add_subparsers(dest="_level0", required=True, metavar="COMMAND", parser_class=_Parser)
     groups: dict[str, Any] = {}
     for cmd in spec["commands"]:

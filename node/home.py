@@ -148,6 +148,24 @@ def private_line(home: Path | str, changed: list[str]) -> str:
             f"now directories are 700 and files 600")
 
 
+class HomeNotADirectory(MemmeshError):
+    """The home's path, or a folder on it, is a file."""
+
+
+def check_is_directory(home: Path) -> None:
+    """Refuse a home whose path is a file, or passes through one, naming that file (the
+    system's own words, "File exists" or "Not a directory", do not say which path is wrong)."""
+    for path in (home, *home.parents):
+        if path.exists():
+            if path.is_dir():
+                return
+            if path == home:
+                raise HomeNotADirectory(f"{home} is a file, not a directory: a home is a directory; "
+                                        "name another path for it")
+            raise HomeNotADirectory(f"{path} is a file, not a directory, so the home {home} cannot be made "
+                                    "in it; name another path for the home")
+
+
 class NotInitialised(MemmeshError):
     """The home has no node yet."""
 
@@ -245,6 +263,7 @@ class Home:
     def init(cls, home: Path | str) -> tuple[Home, bool]:
         """Create the node in ``home`` if it is new; returns (node, created)."""
         home = Path(home)
+        check_is_directory(home)
         cls.check_files(home)
         created = not cls.is_initialised(home)
         # Before anything is written: a home others may write is refused, one they may read fixed.
@@ -271,6 +290,7 @@ class Home:
         if not cls.is_initialised(home):
             if create:
                 return cls.init(home)[0]
+            check_is_directory(home)
             raise NotInitialised(f"no memmesh node in {home}; run: memmesh --home {home} init")
         check_owner(home)  # one stat or two: a home another user could swap is never opened
         lock_fd = _lock_home(home, lock_timeout)

@@ -25,7 +25,38 @@ from memmesh.node.settings import applied, memory_defaults
 from memmesh.node.worker import Network
 
 
-class Node(CoreNode):
+class Calls:
+    """The library's convenience calls, over ``run``: a ``Node`` runs them here, a client of
+    ``connect`` (node/client.py) through serve when one runs; the same signatures and results."""
+
+    def run(self, name: str, params: dict[str, Any], events: EventSink | None = None) -> Result:
+        raise NotImplementedError
+
+    def call_tool(self, agent: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Run one agent tool (remember, recall, list_memory_banks, neighbors, forget); its JSON result."""
+        data: dict[str, Any] = self.run("tool", {"agent": agent, "tool": tool, "args": args}).data
+        return data
+
+    def history_add(self, agent: str, session: str, role: str, text: str) -> dict[str, Any]:
+        """Append one turn to the agent's conversation history (docs/memory.md, "History")."""
+        data: dict[str, Any] = self.run("history.add", {"agent": agent, "session": session, "role": role,
+                                                        "text": text}).data
+        return data
+
+    def history_window(self, agent: str, session: str, budget: int) -> str:
+        """The session as one text of at most ``budget`` characters over the chunk pyramid."""
+        text: str = self.run("history.window", {"agent": agent, "session": session, "budget": budget}).data["text"]
+        return text
+
+    def auto_recall(self, agent: str, messages: Sequence[str], session: str | None = None,
+                    context_window: int | None = None) -> str:
+        """``context_window``: the answering model's, in tokens (None: 100,000); sizes the block."""
+        block: str = self.run("autorecall", {"agent": agent, "messages": list(messages), "session": session,
+                                             "context_window": context_window}).data["block"]
+        return block
+
+
+class Node(Calls, CoreNode):
     """A node with its agents, banks and memory tools."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -92,24 +123,6 @@ class Node(CoreNode):
     def run(self, name: str, params: dict[str, Any], events: EventSink | None = None) -> Result:
         """Run any command by name with JSON-compatible parameters (see node.commands)."""
         return REGISTRY.run(self, name, params, events=events)
-
-    def call_tool(self, agent: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Run one agent tool (remember, recall, list_memory_banks, neighbors) and return its JSON result."""
-        return self.run("tool", {"agent": agent, "tool": tool, "args": args}).data
-
-    def history_add(self, agent: str, session: str, role: str, text: str) -> dict[str, Any]:
-        """Append one turn to the agent's conversation history (docs/memory.md, "History")."""
-        return self.run("history.add", {"agent": agent, "session": session, "role": role, "text": text}).data
-
-    def history_window(self, agent: str, session: str, budget: int) -> str:
-        """The session as one text of at most ``budget`` characters over the chunk pyramid."""
-        return self.run("history.window", {"agent": agent, "session": session, "budget": budget}).data["text"]
-
-    def auto_recall(self, agent: str, messages: Sequence[str], session: str | None = None,
-                    context_window: int | None = None) -> str:
-        """``context_window``: the answering model's, in tokens (None: 100,000); sizes the block."""
-        return self.run("autorecall", {"agent": agent, "messages": list(messages), "session": session,
-                                       "context_window": context_window}).data["block"]
 
 
 class ConfigInForce:

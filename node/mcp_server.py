@@ -9,9 +9,10 @@ this process as the home's user).
 
 It publishes the agent tools of the catalogue (node/catalogue.py: remember, recall,
 list_memory_banks, neighbors, forget; their argument models are node/commands/tools.TOOLS) and the
-auto-recall block as the prompt ``relevant_memories``, with the official SDK's ``MCPServer``.
-It is a transport and nothing more: every call is a registry command (``tool``, ``autorecall``)
-run by ``node.dispatch.run_command`` through the home's running serve. MCP clients each spawn
+auto-recall block as the prompt ``relevant_memories``, with the official SDK's ``MCPServer``;
+the agent's banks and memories as resources (``memory://``, ``memory://BANK/KEY``; AgentResources).
+It is a transport and nothing more: every call is a registry command (``tool``, ``autorecall``,
+``recall``) run by ``node.dispatch.run_command`` through the home's running serve. MCP clients each spawn
 their own server, so this process must never write the home itself: when no serve runs for
 the home it starts one, detached, and says so on stderr (``ensure_serve``); two clients on one
 home then share that one serve.
@@ -25,11 +26,17 @@ Stdout carries the protocol; everything this process says goes to stderr.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import hashlib
+import hmac
 import importlib.metadata
 import json
+import logging
 import os
 import re
+import secrets
 import subprocess
 import sys
 import time
@@ -37,9 +44,12 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import quote, unquote
 
 import anyio
 import anyio.to_thread
+from mcp import types as wire
+from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver import MCPServer, UserMessage
 from mcp.server.mcpserver.exceptions import UnexpectedToolError
 from mcp.server.mcpserver.prompts import Prompt
@@ -48,22 +58,28 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
+from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from memmesh.auth.errors import MemmeshError
+from memmesh.crdt.errors import StorageError
 from memmesh.node.api_token import read_token
 from memmesh.node.catalogue import CATALOGUE, ToolSpec
-from memmesh.node.command_result import Result
+from memmesh.node.command_result import Result, json_text
 from memmesh.node.commands.tools import TOOLS, AutoRecall
-from memmesh.node.control import POLL_S, remote, route
+from memmesh.node.control import POLL_S, ServeError, remote, route
 from memmesh.node.dispatch import run_command
-from memmesh.node.home import Home, NotInitialised, flock_within
+from memmesh.node.home import Home, HomeBusy, NotInitialised, flock_within
 from memmesh.node.http_guard import bearer_refusal, host_allowed
-from memmesh.node.refusal import ParamsError, failure
+from memmesh.node.memory.forgetting import UnknownMemory
+from memmesh.node.refusal import failure, one_line
 
 PROMPT = "relevant_memories"
 SERVE_LOG = "serve.log"  # where a serve started here writes (appended: one file per home)
 SPAWN_LOCK = "serve.spawn.lock"  # held while one `memmesh mcp` starts serve for the home
 START_TIMEOUT_S = 30.0  # a cold interpreter importing memmesh on a loaded machine
+
+log = logging.getLogger(__name__)
 
 
 
@@ -225,8 +241,7 @@ def _relevant_memories(home: Path, agent: str, arguments: dict[str, str]) -> lis
     try:
         block = call(home, "autorecall", {**params, "agent": agent}).data["block"]
     except (MemmeshError, OSError) as exc:
-        line, _ = failure(exc)  # type: ignore[misc]
-        raise MCPError(INVALID_PARAMS if isinstance(exc, ParamsError) else INTERNAL_ERROR, line) from None
+        raise _refusal(exc) from None
     return [UserMessage(block)] if block else []  # nothing relevant: nothing to add to the conversation
 
 
@@ -235,6 +250,259 @@ def _in_thread(fn: Callable[..., Any]) -> Callable[[Any], Awaitable[Any]]:
     async def run(arg: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, arg)
     return run
+
+
+# ---------------------------------------------------------------------- resources, and the names a client may ask for
+BANKS_URI = "memory://"  # the agent's banks: what list_memory_banks answers
+MEMORY_TEMPLATE = "memory://{bank}/{key}"  # one memory; both parts percent-encoded (memory_uri)
+PAGE_SIZE = 100  # memories in one resources/list page at most: recall's own bound (node/memory/view.py MAX_LIMIT)
+JSON = "application/json"
+MAX_CURSOR = 2048  # characters: a cursor this server hands out is about a hundred
+GIST = 200  # characters of a memory's value its resources/list entry shows (a value may hold 65,536)
+# A resource that does not exist, to a client of the initialize handshake (MCP 2025-11-25 and
+# before); the 2026-07-28 revision answers -32602 instead (SEP-2164), and the SDK has no constant.
+RESOURCE_NOT_FOUND = -32002
+# A refusal is the caller's to fix (-32602); these mean serve did not answer (-32603).
+SERVE_FAILURES: tuple[type[BaseException], ...] = (ServeError, ServeStartError, HomeBusy, StorageError, OSError)
+
+
+def memory_uri(bank: str, key: str) -> str:
+    """The URI of memory ``key`` of ``bank``. Each part is percent-encoded as UTF-8, every
+    character but RFC 3986's unreserved ones ('/' and '%' included, as RFC 6570 expands
+    ``{key}``), so any key round-trips exactly through parse_memory_uri."""
+    return f"{BANKS_URI}{quote(bank, safe='')}/{quote(key, safe='')}"
+
+
+class NoSuchResource(LookupError):
+    """A URI that names no resource of this server (answered by not_found)."""
+
+
+def parse_memory_uri(uri: str) -> tuple[str, str]:
+    """(bank, key) of a memory's URI; anything else is NoSuchResource."""
+    bank, slash, key = uri.removeprefix(BANKS_URI).partition("/")
+    if not uri.startswith(BANKS_URI) or not slash or not bank or not key:
+        raise NoSuchResource(f"no resource {uri!r}: this server has {BANKS_URI} (the agent's banks) and "
+                             f"{MEMORY_TEMPLATE} (a memory; both parts percent-encoded)")
+    try:
+        return unquote(bank, errors="strict"), unquote(key, errors="strict")
+    except UnicodeDecodeError:
+        raise NoSuchResource(f"no resource {uri!r}: its percent-encoded bytes are not UTF-8") from None
+
+
+def not_found(exc: NoSuchResource, uri: str, protocol_version: str | None) -> MCPError:
+    """The error MCP gives a resource that does not exist, the URI in data: -32002 in the
+    revisions of the initialize handshake (2025-11-25 and before), -32602 from 2026-07-28 on."""
+    code = RESOURCE_NOT_FOUND if protocol_version in HANDSHAKE_PROTOCOL_VERSIONS else INVALID_PARAMS
+    return MCPError(code, one_line(str(exc)), {"uri": uri})
+
+
+def _refusal(exc: MemmeshError | OSError, data: dict[str, Any] | None = None) -> MCPError:
+    """The registry's one line, as a JSON-RPC error (the line the CLI prints)."""
+    line, _ = failure(exc)  # type: ignore[misc]
+    return MCPError(INTERNAL_ERROR if isinstance(exc, SERVE_FAILURES) else INVALID_PARAMS, line, data)
+
+
+class Cursors:
+    """resources/list cursors: the bank the next page lists, signed with a key this process
+    drew. The client cannot make one up (nor read one: they are opaque), so a cursor that
+    fails the check was not handed out by this server (or the server restarted): -32602."""
+
+    def __init__(self) -> None:
+        self._key = secrets.token_bytes(32)
+
+    def _mac(self, body: bytes) -> bytes:
+        return hmac.new(self._key, body, hashlib.sha256).digest()[:16]
+
+    def make(self, bank: str) -> str:
+        body = json.dumps({"bank": bank}).encode()
+        return base64.urlsafe_b64encode(self._mac(body) + body).decode().rstrip("=")
+
+    def read(self, cursor: str) -> str:
+        try:
+            if len(cursor) > MAX_CURSOR:
+                raise ValueError(cursor)
+            raw = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True)
+            mac, body = raw[:16], raw[16:]
+            if not hmac.compare_digest(mac, self._mac(body)):
+                raise ValueError(cursor)
+            bank = json.loads(body)["bank"]
+        except (binascii.Error, ValueError, KeyError, TypeError):
+            raise MCPError(INVALID_PARAMS, "resources/list: the cursor is not one this server gave (or it has "
+                                           "restarted since); list again without a cursor") from None
+        return cast(str, bank)
+
+
+class AgentResources:
+    """The agent's memory as MCP resources, every read a registry command run through the home's
+    serve as the agent (its key opens a bank or does not): ``memory://``, the answer of
+    list_memory_banks, and ``memory://BANK/KEY``, one current memory as recall returns it.
+
+    resources/list is paged by bank: the first page holds ``memory://`` and the agent's own
+    database, each next page one bank, and a page at most the PAGE_SIZE newest memories of its
+    bank; older ones are read by their URI (the template). Listing and reading count as
+    nobody's recall (``no_count``): a client browsing its resources is not the agent using them."""
+
+    def __init__(self, home: Path, agent: str, allowed: set[str]) -> None:
+        self.home, self.agent = home, agent
+        self.lists_banks = "list_memory_banks" in allowed  # the tools config.yaml lets the agent use
+        self.recalls = "recall" in allowed
+        self.cursors = Cursors()
+
+    def install(self, server: MCPServer) -> None:
+        low = _lowlevel(server)
+        low.add_request_handler("resources/list", wire.PaginatedRequestParams, self.list_resources)
+        low.add_request_handler("resources/templates/list", wire.PaginatedRequestParams, self.list_templates)
+        low.add_request_handler("resources/read", wire.ReadResourceRequestParams, self.read_resource)
+
+    # the registry calls, each on a worker thread (the control channel's client blocks)
+    def _banks(self) -> dict[str, Any]:
+        return call(self.home, "tool", {"agent": self.agent, "tool": "list_memory_banks", "args": {}}).data
+
+    def _newest(self, bank: str, query: str = "") -> list[dict[str, Any]]:
+        params = {"agent": self.agent, "bank": bank, "query": query, "limit": PAGE_SIZE, "no_count": True}
+        return cast(list[dict[str, Any]], call(self.home, "recall", params).data["memories"])
+
+    def _memory(self, bank: str, key: str) -> dict[str, Any]:
+        # memory.get reads exactly the key (whatever the bank's size), as recall would show it,
+        # and counts no access; a key recall would not show is a resource that does not exist.
+        try:
+            return cast(dict[str, Any], call(self.home, "memory.get", {"agent": self.agent, "key": key,
+                                                                       "bank": bank}).data)
+        except UnknownMemory:
+            raise NoSuchResource(f"no current memory {key!r} in bank {bank}; resources/list and the recall "
+                                 "tool show the memories there") from None
+
+    async def _run(self, fn: Callable[..., Any], *args: Any, data: dict[str, Any] | None = None) -> Any:
+        try:
+            return await anyio.to_thread.run_sync(partial(fn, *args))
+        except (MemmeshError, OSError) as exc:
+            raise _refusal(exc, data) from None
+
+    # the handlers
+    async def list_resources(self, ctx: Any, params: wire.PaginatedRequestParams | None) -> wire.ListResourcesResult:
+        cursor = params.cursor if params is not None else None
+        bank = None if cursor is None else self.cursors.read(cursor)
+        names = ([b["name"] for b in (await self._run(self._banks))["banks"]] if self.lists_banks
+                 else [self.agent])  # its own database, which it always reads
+        resources: list[wire.Resource] = []
+        if bank is None:
+            at = 0
+            if self.lists_banks:
+                resources.append(wire.Resource(
+                    uri=BANKS_URI, name="banks", title=f"The memory banks of agent {self.agent}", mime_type=JSON,
+                    description="The databases the agent can use (its own first) with its permission on each: "
+                                "the list_memory_banks answer."))
+        elif bank in names:
+            at = names.index(bank)
+        else:
+            raise MCPError(INVALID_PARAMS, one_line(f"resources/list: agent {self.agent} can no longer read bank "
+                                                    f"{bank!r}, where the cursor resumes; list again without a cursor"))
+        if not self.recalls or at >= len(names):
+            return wire.ListResourcesResult(resources=resources)
+        resources += [wire.Resource(uri=memory_uri(names[at], m["key"]), name=m["key"], mime_type=JSON,
+                                    description=_gist(m["value"]), annotations=wire.Annotations(last_modified=m["time"]))
+                      for m in await self._run(self._newest, names[at])]
+        more = at + 1 < len(names)
+        return wire.ListResourcesResult(resources=resources, next_cursor=self.cursors.make(names[at + 1]) if more else None)
+
+    async def list_templates(self, ctx: Any, params: wire.PaginatedRequestParams | None
+                             ) -> wire.ListResourceTemplatesResult:
+        templates = [wire.ResourceTemplate(
+            uri_template=MEMORY_TEMPLATE, name="memory", title="A memory", mime_type=JSON,
+            description=f"One current memory of a bank agent {self.agent} can read: its value and metadata, as the "
+                        "recall tool returns it. bank and key are percent-encoded (UTF-8, '/' as %2F).")]
+        _no_cursor(params, "resources/templates/list")
+        return wire.ListResourceTemplatesResult(resource_templates=templates if self.recalls else [])
+
+    async def read_resource(self, ctx: Any, params: wire.ReadResourceRequestParams) -> wire.ReadResourceResult:
+        uri = params.uri
+        try:
+            if uri == BANKS_URI:
+                data = await self._run(self._banks, data={"uri": uri})
+            else:
+                bank, key = parse_memory_uri(uri)
+                data = await self._run(self._memory, bank, key, data={"uri": uri})
+        except NoSuchResource as exc:
+            raise not_found(exc, uri, ctx.protocol_version) from None
+        return wire.ReadResourceResult(contents=[wire.TextResourceContents(uri=uri, mime_type=JSON,
+                                                                           text=json_text(data))])
+
+
+def _gist(value: str) -> str:
+    line = " ".join(value.split())
+    return line if len(line) <= GIST else line[:GIST - 3] + "..."
+
+
+def _lowlevel(server: MCPServer) -> Server[Any]:
+    # MCPServer answers every list in one page and has no hook for a cursor, nor for the error an
+    # unknown name gets; the SDK's way (its docs/advanced/pagination.md) is a handler on the
+    # low-level Server it wraps, whose add_request_handler replaces the one MCPServer registered.
+    return server._lowlevel_server
+
+
+def _no_cursor(params: wire.PaginatedRequestParams | None, method: str) -> None:
+    """A list of one page hands out no cursor, so any cursor given is invalid (MCP: -32602)."""
+    if params is not None and params.cursor is not None:
+        raise MCPError(INVALID_PARAMS, f"{method}: the list has one page and takes no cursor")
+
+
+def guard_requests(server: MCPServer) -> None:
+    """Every bad request is a JSON-RPC error with one line, nothing on stderr. An unknown tool
+    or prompt is -32602 naming what there is (MCP's answer for an unknown tool; MCPServer gives
+    a tool result, and for a prompt -32603 with a traceback on stderr, or code 0 to a client of
+    the handshake protocol); a cursor on a list of one page is -32602; params that fail the
+    SDK's request models say which field and why (clear_invalid_params)."""
+    low = _lowlevel(server)
+    tools_call, prompts_get = low.get_request_handler("tools/call"), low.get_request_handler("prompts/get")
+    tools_list, prompts_list = low.get_request_handler("tools/list"), low.get_request_handler("prompts/list")
+    assert tools_call and prompts_get and tools_list and prompts_list  # MCPServer registers all four
+
+    async def call_tool(ctx: Any, params: wire.CallToolRequestParams) -> Any:
+        names = [t.name for t in await server.list_tools()]
+        if params.name not in names:
+            raise MCPError(INVALID_PARAMS, one_line(f"unknown tool {params.name!r}; this server has "
+                                                    f"{', '.join(names) or 'none'}"))
+        return await tools_call.handler(ctx, params)
+
+    async def get_prompt(ctx: Any, params: wire.GetPromptRequestParams) -> Any:
+        names = [p.name for p in await server.list_prompts()]
+        if params.name not in names:
+            raise MCPError(INVALID_PARAMS, one_line(f"unknown prompt {params.name!r}; this server has "
+                                                    f"{', '.join(names)}"))
+        try:
+            return await prompts_get.handler(ctx, params)
+        except MCPError:
+            raise
+        except Exception:  # a bug: its traceback is for the server's log, the client gets one line
+            log.exception("prompt %s failed", params.name)
+            raise MCPError(INTERNAL_ERROR, f"prompt {params.name} failed; the MCP server's stderr says why") from None
+
+    def one_page(method: str, entry: Any) -> Callable[[Any, wire.PaginatedRequestParams | None], Awaitable[Any]]:
+        async def answer(ctx: Any, params: wire.PaginatedRequestParams | None) -> Any:
+            _no_cursor(params, method)
+            return await entry.handler(ctx, params)
+        return answer
+
+    low.add_request_handler("tools/call", wire.CallToolRequestParams, call_tool)
+    low.add_request_handler("prompts/get", wire.GetPromptRequestParams, get_prompt)
+    low.add_request_handler("tools/list", wire.PaginatedRequestParams, one_page("tools/list", tools_list))
+    low.add_request_handler("prompts/list", wire.PaginatedRequestParams, one_page("prompts/list", prompts_list))
+    server.middleware.append(clear_invalid_params)
+
+
+async def clear_invalid_params(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+    """Params that fail the SDK's request models get "Invalid request parameters" and nothing
+    more; this line says which field and what rule (never the value, which is the caller's)."""
+    try:
+        return await call_next(ctx)
+    except ValidationError as exc:
+        # Only the request's own models (GetPromptRequest, ...RequestParams): a handler's bug is not the caller's.
+        if ctx.request_id is None or not exc.title.endswith(("Request", "RequestParams")):
+            raise
+        said = [f"{'.'.join(str(p) for p in e['loc'] if p != 'params') or 'params'}: {e['msg']}"
+                for e in exc.errors() if e["loc"] != ("params", "_meta")]  # absent where the protocol needs none
+        said = said or [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise MCPError(INVALID_PARAMS, one_line(f"{ctx.method}: {'; '.join(said[:3])}")) from None
 
 
 def build_server(home: Path, agent: str, allowed: Iterable[str] | None = None) -> MCPServer:
@@ -262,6 +530,8 @@ def build_server(home: Path, agent: str, allowed: Iterable[str] | None = None) -
         instructions=f"The memory of agent {agent}: remember facts, recall them by words and meaning, "
                      "follow the links between them, and list the memory banks it can use.")
     server.add_prompt(prompt)
+    AgentResources(home, agent, allowed).install(server)
+    guard_requests(server)
     return server
 
 

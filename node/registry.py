@@ -41,9 +41,11 @@ class NameTaken(NameError_):
 
 def check_name(name: object, what: str) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
+        odd = next((c for c in name if not (c.isascii() and (c.isalnum() or c in "._-"))), None) \
+            if isinstance(name, str) else None
         raise NameError_(
-            f"{what} name {name!r} is not valid: use 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
+            f"{what} name {name!r} is not valid: use 1-64 ASCII letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit" + (f" ({odd!r} is none of these)" if odd is not None else "")
         )
     return name
 

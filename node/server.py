@@ -180,7 +180,8 @@ class Server:
             await sync.start()
             # What `memmesh status` reports about this serve (read on the database thread).
             node.serve_info = {"sync": self.info["listen"], "api": self.info["api"], "address": address,
-                               "discovery": sync.status()["discovery"], "started_mono": time.monotonic()}
+                               "discovery": sync.status()["discovery"], "started_mono": time.monotonic(),
+                               "pid": os.getpid(), "api_flag": self.options.api_listen}
             write_info(node.home, self.info)
             event("ready", pid=os.getpid(), listen=self.info["listen"], discovery=start.running.discovery,
                   interval_s=start.running.interval_s, fanout=start.running.fanout)

@@ -59,7 +59,7 @@ from memmesh.node import catalogue
 from memmesh.node.listen import check_listen
 from memmesh.node.registry import NAME_RE
 from memmesh.node.strict import StrictModel
-from memmesh.node.validation_text import shown, what_is_wrong
+from memmesh.node.validation_text import PATTERN_WORDS, shown, what_is_wrong, worded
 
 if TYPE_CHECKING:
     from memmesh.node.home import Home
@@ -114,10 +114,8 @@ NAME_PATTERN = NAME_RE.pattern  # the names agents and banks take everywhere
 ENV_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 # What a pattern means, for people (a regular expression in an error message helps nobody).
-PATTERN_WORDS = {
-    NAME_PATTERN: "should be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
-    ENV_PATTERN: "should be the name of an environment variable (letters, digits and '_'), not its value",
-}
+worded(NAME_PATTERN, "should be 1-64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit")
+worded(ENV_PATTERN, "should be the name of an environment variable (ASCII letters, digits and '_'), not its value")
 SECRET_KEYS = ("api_key_env",)  # a value there may be a key pasted by mistake: never echoed
 
 

@@ -4,6 +4,8 @@ import os
 # Auto-recall waits 50 ms for its stores by default; a loaded CI machine can miss that, so the
 # suite runs with a deadline that only a held index misses (tests of the deadline set their own).
 os.environ.setdefault("MEMMESH_AUTO_RECALL_DEADLINE_MS", "10000")
+# Every command's data is checked against its published answer schema (node/commands/answers).
+os.environ.setdefault("MEMMESH_CHECK_ANSWERS", "1")
 
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402 (the environment above is set before any node import)

@@ -265,7 +265,7 @@ def test_the_node_refuses_what_only_it_can_judge_and_changes_nothing(node):
     for agent, line, says in [("nobody", "/memory new team", "no agent named 'nobody'"),
                               ("alpha", "/memory grant nothing beta read", "nothing"),
                               ("alpha", "/memory config set max_entries 99", "max_entries is a whole number"),
-                              ("alpha", "/memory share notes --expires 5x", "a duration looks like")]:
+                              ("alpha", "/memory share notes --expires 5x", "expires must be a duration such as 30m")]:
         with pytest.raises(MemmeshError, match=says):
             say(node, line, agent=agent)
     assert state(node) == before

@@ -168,3 +168,154 @@ def test_one_process_at_a_time_per_home(tmp_path):
     out, errs = proc.communicate(timeout=60)
     assert proc.returncode == 0, errs
     assert json.loads(out)["peer_key"].startswith("ed25519:")
+
+
+# ---------------------------------------------------------------- what the README promises
+@pytest.mark.parametrize("argv,prog,message", [
+    (["memory", "grant"], "memmesh memory grant", "the following arguments are required: bank, who, perm"),
+    (["memory"], "memmesh memory", "the following arguments are required: ACTION"),
+    (["no-such-command"], "memmesh", "argument COMMAND: invalid choice: 'no-such-command'"),
+    (["recall", "alpha", "q", "--limit", "many"], "memmesh recall", "argument --limit: invalid int value: 'many'"),
+    (["memory", "grant", "b", "a", "owner"], "memmesh memory grant", "argument perm: invalid choice: 'owner'"),
+    (["status", "--no-such-flag"], "memmesh", "unrecognized arguments: --no-such-flag"),
+])
+def test_a_usage_error_is_one_line_naming_the_commands_help(argv, prog, message):
+    proc = mm_here(*argv, check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"{prog}: error: {message}") and line.endswith(f" (see {prog} --help)"), line
+
+
+def test_a_usage_error_of_a_real_process_is_one_line():
+    proc = mm("tool", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr == ("memmesh tool: error: the following arguments are required: agent, tool "
+                           "(see memmesh tool --help)\n")
+
+
+def test_the_memory_summary_names_every_memory_action():
+    from memmesh.node.commands import load
+
+    actions = [c.name.split(".")[1] for c in load() if c.name.startswith("memory.")]
+    assert len(actions) > 17
+    top = mm_here("--help").stdout
+    summary = " ".join(top.split("\n    memory", 1)[1].split("\n    reload", 1)[0].split())
+    assert summary == "memory banks: " + ", ".join(actions)
+
+
+def test_a_bank_name_outside_ascii_is_refused_saying_ascii(tmp_path):
+    home = tmp_path / "node"
+    mm_here("init", home=home)
+    proc = mm_here("memory", "new", "ünïcødé-bank", home=home, check=False)
+    assert proc.returncode == 1
+    # the model's pattern or the registry's check says it, in the same words
+    [line] = proc.stderr.splitlines()
+    assert "'ünïcødé-bank'" in line and "1-64 ASCII letters, digits, '.', '_' or '-'" in line, line
+    from memmesh.node.registry import NameError_, check_name
+
+    with pytest.raises(NameError_) as err:
+        check_name("ünïcødé-bank", "bank")
+    assert str(err.value).endswith("starting with a letter or digit ('ü' is none of these)")
+
+
+def test_a_home_below_a_file_names_the_file(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    init = mm_here("init", home=afile, check=False)
+    assert init.returncode == 1
+    assert init.stderr == f"memmesh: error: {afile} is a file, not a directory: a home is a directory; name another " \
+                          "path for it\n"
+    status = mm_here("status", home=afile, check=False)  # not "no memmesh node ...; run: init"
+    assert status.returncode == 1 and status.stderr == init.stderr
+    below = mm_here("init", home=afile / "sub" / "home", check=False)
+    assert below.returncode == 1
+    assert below.stderr == (f"memmesh: error: {afile} is a file, not a directory, so the home {afile / 'sub' / 'home'} "
+                            "cannot be made in it; name another path for the home\n")
+    assert afile.read_text() == "not a directory"
+
+
+def _remembered(home: Path) -> str:
+    mm_here("agent", "new", "alpha", home=home)
+    return json.loads(mm_here("--json", "remember", "alpha", "k", "a value", home=home).stdout)["entry"]
+
+
+def test_explain_resolves_a_unique_short_id(tmp_path):
+    home = tmp_path / "node"
+    mm_here("init", home=home)
+    entry = _remembered(home)
+    digits = entry.removeprefix("sha256:")
+    for short in (f"sha256:{digits[:8]}", digits[:12], f"sha256:{digits[:10]}…"):  # the last: as status prints it
+        data = json.loads(mm_here("--json", "explain", short, home=home).stdout)
+        assert data["entry"] == entry and "Accepted" in data["explanation"], short
+    too_short = mm_here("explain", f"sha256:{digits[:7]}", home=home, check=False)
+    assert too_short.returncode == 1
+    [line] = too_short.stderr.splitlines()  # the model's pattern or the handler says it
+    assert f"sha256:{digits[:7]}" in line and "at least 8 hex digits" in line, line
+    other = "0" * 8 if not digits.startswith("0" * 8) else "f" * 8
+    unknown = mm_here("explain", f"sha256:{other}", home=home, check=False)
+    assert unknown.returncode == 1
+    assert unknown.stderr == f"memmesh: error: sha256:{other} is not known to any database of this node\n"
+
+
+def test_explain_lists_the_ids_an_ambiguous_short_id_starts(tmp_path):
+    from memmesh.node import Node
+
+    home = tmp_path / "node"
+    mm_here("init", home=home)
+    _remembered(home)
+    # Two refusals whose ids share 8 hex digits (no two real digests do, short of 2^32 tries):
+    # recorded as a refused entry's digest is, in the database's refusal log.
+    twins = [f"sha256:c94cdf41{'a' * 56}", f"sha256:c94cdf41{'b' * 56}"]
+    with Node.open(home) as node:
+        db = node.agents.resolve("alpha").db
+        db._refusals.record([(t, "entry.signature", "the signature does not verify") for t in twins], "peer:test")
+    proc = mm_here("explain", "sha256:c94cdf41", home=home, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr == (f"memmesh: error: sha256:c94cdf41 starts 2 entry ids: {twins[0]}, {twins[1]}; "
+                           "give more of the id\n")
+    data = json.loads(mm_here("--json", "explain", "sha256:c94cdf41b", home=home).stdout)
+    assert data["entry"] == twins[1] and "refused (entry.signature) from peer:test" in data["explanation"]
+
+
+@pytest.mark.parametrize("peer,detail", [
+    ("http://127.0.0.1:1", "not an IPv4 address: '//127.0.0.1'"),
+    ("127.0.0.1:7411", "an address hint looks like 'http:<host>:<port>', got '127.0.0.1:7411'"),
+    ("http:127.0.0.1:port", "a port is a decimal integer in 1..65535"),
+])
+def test_sync_refuses_a_malformed_peer_address_before_connecting(tmp_path, peer, detail):
+    home = tmp_path / "node"
+    mm_here("init", home=home)
+    proc = mm_here("sync", "--peer", peer, home=home, check=False)
+    assert proc.returncode == 1
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("memmesh: error: --peer is not a peer address (http:HOST:PORT, e.g. http:127.0.0.1:7411): "
+                           + detail), line
+
+
+def test_sync_with_an_unreachable_peer_says_so_in_a_sentence(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        home = tmp_path / "node"
+        mm_here("init", home=home)
+        proc = mm_here("sync", "--peer", f"http:127.0.0.1:{port}", home=home, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr == (f"memmesh: error: http:127.0.0.1:{port}: FAILED: cannot connect to 127.0.0.1:{port} "
+                           "(connection refused)\n")
+
+
+def test_check_of_a_storage_file_without_its_header_says_restore_at_once(tmp_path):
+    home = tmp_path / "node"
+    mm_here("init", home=home)
+    _remembered(home)
+    with open(home / "node.sqlite", "r+b") as f:
+        f.write(b"\0" * 100)  # SQLite's header, and with it every way into the file
+    check = mm_here("check", home=home, check=False)
+    assert check.returncode == 1
+    assert check.stdout.splitlines()[-1] == ("verdict: DAMAGED: the storage file cannot be read, and check --repair "
+                                             "cannot rebuild it: restore a backup (memmesh restore)")
+    assert "--repair (with serve stopped)" not in check.stdout
+    status = mm_here("status", home=home, check=False)
+    assert status.returncode == 1 and "restore a backup (memmesh restore)" in status.stderr

@@ -87,7 +87,7 @@ MALFORMED = [
      "(got 'obliterate')"),
     ("missing name", "agents:\n  - name: alpha\n  - system_prompt: hi\n", 3, "agents[1]: needs name"),
     ("bad name", "agents:\n  - name: 'has space'\n", 2,
-     "agents[0].name: should be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "
+     "agents[0].name: should be 1-64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit "
      "(got 'has space')"),
     ("agent twice", "agents:\n  - name: a\n  - name: a\n", 3, "agent 'a' is listed twice"),
     ("bank is an agent", "agents:\n  - name: a\n  - name: b\n    default_memory_banks: [x, a]\n", 4,
@@ -99,7 +99,7 @@ MALFORMED = [
     ("key variable for hashed", "embedding:\n  backend: hashed\n  api_key_env: KEY\n", 3,
      "embedding.api_key_env: api_key_env is for backend remote"),
     ("the key itself", "embedding:\n  backend: remote\n  provider: openai\n  api_key_env: sk-abc123\n", 4,
-     "embedding.api_key_env: should be the name of an environment variable (letters, digits and '_'), not its value"),
+     "embedding.api_key_env: should be the name of an environment variable (ASCII letters, digits and '_'), not its value"),
     ("python tag", "sync:\n  listen: !!python/object/apply:os.system ['true']\n", 2,
      "sync.listen: the tag !!python/object/apply:os.system is not allowed "
      "(config.yaml is read with safe loading only)"),

@@ -23,7 +23,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,7 +34,6 @@ from aiohttp.test_utils import TestServer
 
 from memmesh.node import Node
 from memmesh.node.api.app import host_allowed
-from memmesh.node.api_token import read_token
 from memmesh.node.commands import REGISTRY
 from memmesh.node.commands.params import MAX_DEPTH, ParamsError, parse
 from memmesh.node.listen import parse_listen
@@ -369,33 +367,6 @@ async def test_the_prompts_number_argument_spelt_with_unicode_digits_is_the_regi
         serve.stop()
 
 
-# ---------------------------------------------------------------------- every route, fuzzed
-@pytest.mark.slow
-def test_no_route_of_a_real_serve_answers_5xx_to_schema_generated_requests(tmp_path):
-    pytest.importorskip("schemathesis")
-    home = tmp_path / "node"
-    with Node.open(home) as node:
-        node.run("embedder.set", {"provider": "none"})
-        node.run("agent.new", {"name": "alpha"})
-        node.run("memory.new", {"name": "notes"})
-    serve = Serve(home).start()
-    try:
-        serve.wait_ready()
-        token = read_token(home)
-        # Bounded: a few cases per route, deterministic; backup writes where a request says, and
-        # the event stream never ends, so both are left out.
-        done = subprocess.run(
-            [sys.executable, "-m", "schemathesis.cli", "run", f"http://{serve.info['api']}/v1/openapi.json",
-             "-H", f"Authorization: Bearer {token}", "--checks", "not_a_server_error", "--max-examples", "6",
-             "--generation-deterministic", "--workers", "1", "--exclude-path", "/v1/backup",
-             "--exclude-path", "/v1/events"],
-            capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        assert done.returncode == 0, done.stdout[-3000:]
-        assert "passed" in done.stdout
-    finally:
-        serve.stop()
-
-
 async def test_the_mcp_http_door_applies_the_apis_host_rule_before_the_token():
     from memmesh.node.mcp_server import BearerGuard
 
@@ -433,4 +404,5 @@ async def test_a_chat_line_over_its_bound_is_refused_before_it_is_split(api):
     assert status == 400 and answer["error"]["code"] == "invalid_params", answer
     assert "line" in answer["error"]["message"] and "16384" in answer["error"]["message"]
     status, answer = await api.call("/v1/agents/alpha/command", {"line": "/memory new " + "y" * 300})
-    assert status == 422  # a long line under the bound is parsed and refused for what it says
+    # a long line under the bound is parsed and refused for what it says: a name over 64 characters
+    assert status == 400 and "name should be 1-64" in answer["error"]["message"], answer

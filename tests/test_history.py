@@ -190,7 +190,7 @@ def test_a_model_summary_is_shown_signed_and_the_extractive_one_kept(n):
     assert shown["extractive"] == c["summary"] and shown["model"]["written_by"] == out["written_by"]
     assert "The user listed ten subjects." in n.run("history.window", {"agent": "alpha", "session": "s",
                                                                         "budget": 80}).data["text"]
-    with pytest.raises(HistoryInputError):
+    with pytest.raises(ParamsError, match="text must not be blank"):
         n.run("history.summary", {"agent": "alpha", "chunk": c["id"], "text": " "})
 
 

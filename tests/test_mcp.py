@@ -24,6 +24,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS
 
 import memmesh.node as node
 from memmesh.node import Node
@@ -36,12 +37,14 @@ from memmesh.node.commands.tools import TOOLS
 from memmesh.node.control import SERVE_JSON, read_info, remote
 from memmesh.node.mcp_server import (
     ANNOTATIONS,
+    BANKS_URI,
     PROMPT,
     SERVE_LOG,
     SPAWN_LOCK,
     ServeStartError,
     build_server,
     ensure_serve,
+    memory_uri,
     prepare,
 )
 from memmesh.node.refusal import failure
@@ -119,7 +122,8 @@ async def test_the_tools_publish_the_registry_schemas_descriptions_and_annotatio
     assert tools["recall"].annotations.read_only_hint and tools["list_memory_banks"].annotations.read_only_hint
     assert sorted(tools) == ["forget", "list_memory_banks", "neighbors", "recall", "remember"]
     assert tools["neighbors"].annotations.read_only_hint
-    assert tools["neighbors"].input_schema["properties"]["depth"]["maximum"] == 3
+    # depth has a default, so null is published as allowed too (node/strict.py): anyOf [integer, null]
+    assert tools["neighbors"].input_schema["properties"]["depth"]["anyOf"][0]["maximum"] == 3
     remember = tools["remember"].annotations
     assert (remember.read_only_hint, remember.destructive_hint, remember.idempotent_hint,
             remember.open_world_hint) == (False, False, False, False)
@@ -343,10 +347,18 @@ async def test_a_stdio_session_lists_calls_every_tool_and_gets_the_prompt(served
         prompt = await session.get_prompt(PROMPT, {"messages": "what goes over stdio pipes?"})
         block = served.run("autorecall", {"agent": "alpha", "messages": ["what goes over stdio pipes?"]}).data["block"]
         assert prompt.messages[0].content.text == block and "written over stdio pipes" in block
+
+        # the handshake protocol: a resource reads back, an unknown prompt is -32602 (it was code 0)
+        [content] = (await session.read_resource(memory_uri("alpha", "stdio key"))).contents
+        assert json.loads(content.text)["value"] == "written over stdio pipes"
+        with pytest.raises(MCPError) as unknown:
+            await session.get_prompt("nope", {})
+        assert (unknown.value.error.code, str(unknown.value)) == (INVALID_PARAMS, f"unknown prompt 'nope'; this "
+                                                                                  f"server has {PROMPT}")
     # It went through the running serve: the memory is there, and no other serve was started.
     assert served.run("recall", {"agent": "alpha", "query": "stdio"}).data["memories"][0]["key"] == "stdio key"
     assert serve_pids(home) == [served.proc.pid]
-    assert "started" not in (tmp_path / "mcp.err").read_text()
+    assert (tmp_path / "mcp.err").read_text() == ""  # nothing started, no traceback
 
 
 @pytest.mark.slow
@@ -424,9 +436,22 @@ async def test_the_streamable_http_transport_serves_the_same_tools_on_loopback(s
             assert not done.is_error
             refused = await client.call_tool("remember", {"key": "k"})
             assert refused.is_error and text(refused) == "remember needs value"
+            [content] = (await client.read_resource(memory_uri("alpha", "http key"))).contents
+            assert json.loads(content.text)["value"] == "over streamable http"
+            for bad in (client.get_prompt("nope", {}), client.call_tool("nope", {}),
+                        client.read_resource(memory_uri("alpha", "no such key"))):
+                with pytest.raises(MCPError) as err:
+                    await bad
+                assert err.value.error.code == INVALID_PARAMS and "\n" not in str(err.value)
+        async with Client(authorized(address, served.home), mode="legacy") as legacy:  # the handshake protocol
+            with pytest.raises(MCPError) as err:
+                await legacy.get_prompt("nope", {})
+            assert err.value.error.code == INVALID_PARAMS
+            assert json.loads((await legacy.read_resource(BANKS_URI)).contents[0].text)["banks"][0]["name"] == "alpha"
     finally:
         proc.terminate()
         proc.wait(20)
         log.close()
     assert proc.stdout.read() == b""  # stdout stays the protocol's, even over HTTP
+    assert "Traceback" not in (tmp_path / "http.err").read_text()
     assert served.run("recall", {"agent": "alpha", "query": "streamable"}).data["memories"][0]["key"] == "http key"

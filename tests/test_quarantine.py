@@ -482,7 +482,7 @@ def _boss(n: Node) -> str:
     ({"who": "alpha", "from": "soon"}, ParamsError, "ISO 8601"),
     ({"who": "nobody"}, UnknownName, "no agent named 'nobody'"),
     ({"who": "alpha", "as": "nobody"}, UnknownName, "no agent named 'nobody'"),
-    ({"who": "ed25519:short"}, ParamsError, "not a public key"),
+    ({"who": "ed25519:short"}, ParamsError, "who must be a key (ed25519: and 43 base64url characters)"),
     ({"who": ""}, ParamsError, "who"),
 ])
 def test_refusals_write_nothing(node, params, error, says):

@@ -8,11 +8,15 @@ envelope or the error envelope with its code enum (node/api/errors.py).
 from __future__ import annotations
 
 import copy
+import re
 from importlib import metadata
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from memmesh.node.api.errors import BODY_TOO_LARGE, CODES, INVALID_JSON, KINDS, UNSUPPORTED_MEDIA_TYPE, Kind
 from memmesh.node.api.routes import OPENAPI_PATH, Route
+from memmesh.node.commands.answers import TOOL_ANSWERS
 from memmesh.node.commands.params import Params
 
 REF = "#/components/schemas/{model}"
@@ -80,14 +84,16 @@ def _operation(route: Route, schemas: dict[str, Any]) -> dict[str, Any]:
     }
     fields = route.command.params.model_fields
     if route.path_params:
-        op["parameters"] = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"},
+        # A path value is validated by the command's model like a body's: its schema is the field's.
+        props = route.command.params.model_json_schema().get("properties", {})
+        op["parameters"] = [{"name": name, "in": "path", "required": True, "schema": _path_schema(props[name]),
                              "description": fields[name].description or name} for name in route.path_params]
     if route.body is not None:
         name, schema = _body_schema(route)
         _add_schema(schemas, name, schema)
-        op["requestBody"] = {"required": bool(schema.get("required")),
+        op["requestBody"] = {"required": not _takes_nothing(route),
                              "content": {"application/json": {"schema": {"$ref": REF.format(model=name)}}}}
-    responses: dict[str, Any] = {"200": {"description": "done", "content": _json("Result")}}
+    responses: dict[str, Any] = {"200": {"description": "done", "content": _answer(route, schemas)}}
     by_status: dict[int, list[Kind]] = {}
     for kind in KINDS:
         if route.body is None and kind in BODYLESS:
@@ -100,10 +106,27 @@ def _operation(route: Route, schemas: dict[str, Any]) -> dict[str, Any]:
     return op
 
 
+def _takes_nothing(route: Route) -> bool:
+    """Whether the body may be left out (read as ``{}``): the model takes it with the path's
+    values alone (a rule across fields, such as neighbors' key or entity, may need one)."""
+    model: type[Params] = route.body  # type: ignore[assignment]
+    path = {} if route.wrap is not None else dict.fromkeys(route.path_params, "a")  # "a": any valid name
+    try:
+        model.model_validate(path)
+    except ValidationError:
+        return False
+    return True
+
+
+def _path_schema(prop: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in prop.items() if k not in ("title", "description", "default")}
+
+
 def _body_schema(route: Route) -> tuple[str, dict[str, Any]]:
     """The body's schema and its name in components: the model's, and for a route whose path
-    gives some parameters, the model's with those no longer required (the body may repeat
-    them, with the same value)."""
+    gives some parameters, the model's without them. The node tolerates a body that repeats
+    one with the path's value, but no schema can say "the same as the path", so the schema
+    publishes the body a client sends: without them."""
     model: type[Params] = route.body  # type: ignore[assignment]
     schema = copy.deepcopy(model.model_json_schema(ref_template=REF))
     name = model.__name__
@@ -115,9 +138,27 @@ def _body_schema(route: Route) -> tuple[str, dict[str, Any]]:
         if not schema["required"]:
             del schema["required"]
         for p in relaxed:
-            prop = schema["properties"][p]
-            prop["description"] = f"{prop.get('description', p)} (given by the path; if repeated here, the same)"
+            del schema["properties"][p]
     return name, schema
+
+
+def _answer(route: Route, schemas: dict[str, Any]) -> dict[str, Any]:
+    """The 200 answer: the Result envelope whose ``data`` is the command's answer model
+    (node/commands/answers), hoisted into components like a request model; a tool route's is
+    that tool's."""
+    tool = route.fixed.get("tool")
+    model = TOOL_ANSWERS[tool] if tool is not None else route.command.answer
+    envelope = copy.deepcopy(RESULT_SCHEMA)
+    if model is not None:
+        schema = copy.deepcopy(TypeAdapter(model).json_schema(ref_template=REF))
+        name = getattr(model, "__name__", None)
+        if name is None or not isinstance(model, type):  # a union (the command command): named after the command
+            name = "".join(w.capitalize() for w in re.split(r"[.\-]", route.command.name)) + "Answer"
+            schema.setdefault("description", f"what {route.command.name} answers: one of these")
+        _add_schema(schemas, name, schema)
+        envelope["properties"]["data"] = {"$ref": REF.format(model=name),
+                                          "description": RESULT_SCHEMA["properties"]["data"]["description"]}
+    return {"application/json": {"schema": envelope}}
 
 
 def _add_schema(schemas: dict[str, Any], name: str, schema: dict[str, Any]) -> None:

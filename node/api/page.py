@@ -1,4 +1,5 @@
-"""The cockpit page (node/api/static/): ``GET /`` and ``GET /ui/{file}``, without the token.
+"""The cockpit page (node/api/static/): ``GET /``, ``GET /ui/{file}`` and ``GET /favicon.ico``,
+without the token (a browser asks for the icon by itself, with no token to send).
 
 The files are static and hold no secret: the page asks for the token and sends it on every
 API call itself. Only the files shipped in node/api/static/ are served (looked up by exact
@@ -17,8 +18,10 @@ from memmesh.node.api.errors import HttpError
 
 INDEX_PATH = "/"
 FILE_PATH = "/ui/{file}"
-PAGE_ROUTES = frozenset({("GET", INDEX_PATH), ("GET", FILE_PATH)})
-TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+ICON_PATH = "/favicon.ico"
+PAGE_ROUTES = frozenset({("GET", INDEX_PATH), ("GET", FILE_PATH), ("GET", ICON_PATH)})
+TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png",
+         ".ico": "image/x-icon"}
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'",
@@ -31,13 +34,14 @@ FILES = web.AppKey("page_files", dict)
 
 def is_page(method: str, path: str) -> bool:
     """Whether the token middleware lets this request through (the page's static files)."""
-    return method == "GET" and (path == INDEX_PATH or path.startswith("/ui/"))
+    return method == "GET" and (path in (INDEX_PATH, ICON_PATH) or path.startswith("/ui/"))
 
 
 def add_page(app: web.Application) -> None:
     app[FILES] = _files()
     app.router.add_route("GET", INDEX_PATH, _index)
     app.router.add_route("GET", FILE_PATH, _file)
+    app.router.add_route("GET", ICON_PATH, _icon)
 
 
 def _files() -> dict[str, tuple[bytes, str]]:
@@ -67,6 +71,10 @@ async def _file(request: web.Request) -> web.Response:
     return _answer(request.app, request.match_info["file"])
 
 
+async def _icon(request: web.Request) -> web.Response:
+    return _answer(request.app, "favicon.ico")
+
+
 def openapi_paths() -> dict[str, Any]:
     """The page's two routes in the OpenAPI document (public: ``security: []``)."""
     def op(op_id: str, summary: str, types: list[str], params: list[dict[str, Any]]) -> dict[str, Any]:
@@ -84,4 +92,5 @@ def openapi_paths() -> dict[str, Any]:
                       sorted(set(TYPES.values())),
                       [{"name": "file", "in": "path", "required": True, "schema": {"type": "string"},
                         "description": "the file's name"}]),
+        ICON_PATH: op("favicon", "the page's icon (no token needed)", ["image/x-icon"], []),
     }

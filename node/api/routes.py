@@ -50,6 +50,11 @@ class Route:
         """The command's parameters: what the route fixes, the path's values, the body."""
         params: dict[str, Any] = dict(self.fixed)
         if self.wrap is not None:
+            # A tool's body is its arguments, the schema MCP publishes too: nothing of the path.
+            given = [name for name in self.path_params if name in body]
+            if given:
+                raise ParamsError(f"{self.fixed.get('tool', self.command.name)}: the path gives {given[0]}; a "
+                                  f"tool's body holds only the tool's arguments, so leave {given[0]} out of it")
             params[self.wrap] = body
         else:
             for name in self.path_params:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 HANDLER_MODULES = (
     "node_status", "agents", "tools", "embedder", "banks", "config", "settings", "reindex", "usage", "audit",
     "sync", "chat", "backup", "check", "fence", "serving", "mcp", "quarantine", "proposals", "recall_status", "forget", "entities",
+    "memory_get",
     "retention",
     "episodes", "history",
 )

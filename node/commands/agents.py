@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from memmesh.node.commands.params import Cli, NoParams, Params
+from memmesh.node.commands.params import Cli, Name, NoParams, Params
 from memmesh.node.commands.registry import REGISTRY, command
 from memmesh.node.commands.result import Result
 
@@ -16,7 +16,7 @@ REGISTRY.group("agent", "create and list agents")
 
 
 class AgentNew(Params):
-    name: Annotated[str, Cli(positional=True), Field(description="the new agent's name (1-64 letters, digits, '.', '_' or '-')")]
+    name: Annotated[Name, Cli(positional=True), Field(description="the new agent's name (1-64 ASCII letters, digits, '.', '_' or '-')")]
 
 
 @command("agent.new", AgentNew, "create an agent with its own key and database")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 from memmesh.auth.errors import AuthError
-from memmesh.node.commands.params import BankRef, Cli, NoParams, Params
+from memmesh.node.commands.params import BankRef, Cli, Name, NoParams, Params, Ref, Session, Who
 from memmesh.node.commands.registry import REGISTRY, command
 from memmesh.node.commands.result import Result
 from memmesh.node.memory.agents import Change, Grantee, NotGranted
@@ -17,11 +17,11 @@ if TYPE_CHECKING:
     from memmesh.node.library import Node
     from memmesh.node.memory.agents import BankRef as Bank
 
-REGISTRY.group("memory", "memory banks: new, list, delete, grant, grants, revoke, attach, detach, config, reindex, stats")
+REGISTRY.group("memory", "memory banks: {actions}")
 
 
 class MemoryNew(Params):
-    name: Annotated[str, Cli(positional=True), Field(description="the bank's name (1-64 letters, digits, '.', '_' or '-')")]
+    name: Annotated[Name, Cli(positional=True), Field(description="the bank's name (1-64 ASCII letters, digits, '.', '_' or '-')")]
     description: Annotated[str, Cli(positional=True), Field(description="what the bank is for")] = ""
 
 
@@ -51,7 +51,7 @@ def memory_list(node: Node, p: NoParams) -> Result:
 
 
 class MemoryDelete(Params):
-    ref: Annotated[str, Cli(positional=True), Field(min_length=1, description="the bank's name or database id")]
+    ref: Annotated[Ref, Cli(positional=True), Field(description="the bank's name or database id")]
 
 
 @command("memory.delete", MemoryDelete, "unregister a bank (its data is kept as an archive)")
@@ -66,14 +66,14 @@ def memory_delete(node: Node, p: MemoryDelete) -> Result:
 
 
 # The field keeps its name `agent` (every transport has sent it so); it takes any key now.
-Who = Annotated[str, Cli(positional=True, metavar="who"), Field(
-    min_length=1, description="a local agent's name, a key (ed25519:...) or a label that memory grants shows "
+Holder = Annotated[Who, Cli(positional=True, metavar="who"), Field(
+    description="a local agent's name, a key (ed25519:...) or a label that memory grants shows "
                               "(node:self, bank:root, peer:mm-..., invite:..., agent:NAME, key:...)")]
 
 
 class MemoryRevoke(Params):
     bank: BankRef
-    agent: Who
+    agent: Holder
 
 
 class MemoryGrant(MemoryRevoke):
@@ -165,8 +165,8 @@ def memory_grants(node: Node, p: MemoryGrants) -> Result:
 
 class MemoryAttach(Params):
     bank: BankRef
-    agent: Annotated[str, Field(description="the agent whose auto-recall searches the bank")]
-    session: Annotated[str | None, Field(description="only in this session; default: every session")] = None
+    agent: Annotated[Name, Field(description="the agent whose auto-recall searches the bank")]
+    session: Annotated[Session | None, Field(description="only in this session; default: every session")] = None
 
 
 def _attach(node: Node, p: MemoryAttach, attach: bool) -> Result:

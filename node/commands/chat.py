@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field
 
 from memmesh.node.commands import chat_grammar
-from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.params import Cli, Name, Params, Session
 from memmesh.node.commands.registry import REGISTRY, EventSink, command
 from memmesh.node.commands.result import Result
 
@@ -21,13 +21,13 @@ MAX_LINE = 16 << 10
 
 
 class ChatCommand(Params):
-    agent: Annotated[str, Cli(positional=True), Field(
+    agent: Annotated[Name, Cli(positional=True), Field(
         description="the calling agent: attach, detach and config act for it")]
     line: Annotated[str, Cli(positional=True), Field(
         max_length=MAX_LINE,
         description="the command text: /memory SUBCOMMAND ... or !memmesh memory SUBCOMMAND ... "
                     "(/memory help lists them)")]
-    session: Annotated[str | None, Field(
+    session: Annotated[Session | None, Field(
         description="the caller's session: attach and detach apply to it (default: every session)")] = None
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -25,6 +25,11 @@ class MemoryConfig(AgentParams):
     # command-line values arrive as text and are converted there.
     value: Annotated[str | int | bool | list[str] | None, Cli(positional=True), Field(
         description="with set: the new value (auto_recall_banks: bank names or ids, comma-separated)")] = None
+
+    schema_rules: ClassVar[dict[str, Any]] = {
+        "if": {"properties": {"action": {"const": "set"}}},
+        "then": {"required": ["key", "value"], "properties": {"key": {"type": "string"}, "value": {"not": {"type": "null"}}}},
+    }
 
     @model_validator(mode="after")
     def _set_needs_key_and_value(self) -> MemoryConfig:

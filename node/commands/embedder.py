@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, SecretStr
 
-from memmesh.node.commands.params import Cli, NoParams, Params
+from memmesh.node.commands.params import Cli, NoParams, Params, not_blank
 from memmesh.node.commands.registry import REGISTRY, command
 from memmesh.node.commands.result import Result
 from memmesh.node.memory.embedders import PROVIDERS, EmbedderConfig
@@ -22,14 +22,15 @@ NO_EMBEDDER = "embedder: none (recall ranks by BM25 only)"
 class EmbedderSet(Params):
     provider: Annotated[Literal[PROVIDERS], Cli(positional=True), Field(  # type: ignore[valid-type]
         description="none (BM25 only), hashed, local (ONNX, offline), openai or ollama")]
-    model: Annotated[str | None, Field(description="the provider's model; default: its usual one")] = None
+    model: Annotated[str | None, not_blank(256), Field(description="the provider's model; default: its usual one")] = None
     api_base: Annotated[str | None, Field(description="the service's base URL (openai, ollama)")] = None
     api_key: Annotated[SecretStr | None, Cli(flag="--api-key-env", metavar="VAR", env=True), Field(
         description="the service's API key, stored peer-local and never synced "
                     "(on the command line: the environment variable that holds it)")] = None
     timeout_s: Annotated[float | None, Cli(flag="--timeout"), Field(
-        description="seconds one request may take (default 10)")] = None
-    dim: Annotated[int | None, Field(description="the vectors' size, when the model's is not known")] = None
+        gt=0, le=600, description="seconds one request may take (default 10)")] = None
+    dim: Annotated[int | None, Field(ge=1, le=65536, description=(
+        "the vectors' size, when the model's is not known (hashed: 16-65536)"))] = None
 
 
 @command("embedder.set", EmbedderSet, "set the node's embedder")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from memmesh.auth.errors import AuthError, MemmeshError
 from memmesh.auth.keys import SigningKey
 from memmesh.auth.permissions import ADMIN, holds
-from memmesh.node.commands.params import AgentParams, Cli, Params
+from memmesh.node.commands.params import AgentParams, Cli, EntryId, OptionalAgent, Params, Slug, not_blank
 from memmesh.node.commands.registry import REGISTRY, command
 from memmesh.node.commands.result import Result
 from memmesh.node.episodes.methods import METHODS_STORE, Learned, Method, learn, promote_value, promoted
@@ -26,8 +26,6 @@ from memmesh.node.episodes.record import (
     MAX_SUMMARY_CHARS,
     MAX_TOOL_CHARS,
     Episode,
-    EpisodeInputError,
-    check_kind,
     episode_value,
     episodes,
     exclusion,
@@ -37,8 +35,7 @@ from memmesh.node.episodes.record import (
     write_verdict,
 )
 from memmesh.node.memory.quarantine import quarantines
-from memmesh.node.memory.rows import MemoryInputError, iso_utc
-from memmesh.node.memory.timeline import check_entry_id
+from memmesh.node.memory.rows import iso_utc
 from memmesh.node.registry import UnknownName
 
 if TYPE_CHECKING:
@@ -61,22 +58,6 @@ class AlreadyPromoted(MemmeshError):
     """A promotion of a method that is already promoted."""
 
 
-def _kind(value: str) -> str:
-    try:
-        return check_kind(value)
-    except EpisodeInputError as exc:
-        raise ValueError(str(exc).removeprefix("the episode's kind ").rsplit(", got ", 1)[0]) from None
-
-
-def _entry(what: str) -> AfterValidator:
-    def run(value: str) -> str:
-        try:
-            return check_entry_id(what, value)
-        except MemoryInputError as exc:
-            raise ValueError(str(exc).removeprefix(f"{what} ").rsplit(", got ", 1)[0]) from None
-    return AfterValidator(run)
-
-
 def _steps(value: Any) -> Any:
     """``--steps '[...]'`` on the command line arrives as a list holding that list (each use of the
     option is one JSON value); JSON text from elsewhere is read too."""
@@ -90,16 +71,16 @@ def _steps(value: Any) -> Any:
     return value
 
 
-Kind = Annotated[str, AfterValidator(_kind)]
-Signer = Annotated[str | None, Cli(flag="--as", metavar="AGENT"), Field(
+Kind = Slug
+Signer = Annotated[OptionalAgent, Cli(flag="--as", metavar="AGENT"), Field(
     alias="as", description="sign with this agent's key (it must hold write on AGENT's database); "
                             "default: AGENT's own key")]
 
 
 class StepArg(Params):
-    tool: Annotated[str, Field(min_length=1, max_length=MAX_TOOL_CHARS, description="the tool that ran")]
+    tool: Annotated[str, not_blank(MAX_TOOL_CHARS), Field(description="the tool that ran")]
     status: Annotated[Literal["ok", "error", "skipped"], Field(description="how the step ended")]
-    note: Annotated[str | None, Field(min_length=1, max_length=MAX_NOTE_CHARS,
+    note: Annotated[str | None, not_blank(MAX_NOTE_CHARS), Field(
                                       description="what happened, in a few words")] = None
 
 
@@ -115,7 +96,7 @@ class EpisodeAdd(AgentParams):
     checked_by: Annotated[Literal["tool", "test", "check", "person", "none"], Field(
         description="what decided the outcome; only tool, test, check and person make the episode checked "
                     "(none: the model's own word, which learning ignores)")]
-    summary: Annotated[str | None, Field(min_length=1, max_length=MAX_SUMMARY_CHARS,
+    summary: Annotated[str | None, not_blank(MAX_SUMMARY_CHARS), Field(
                                          description="the task in a sentence or two")] = None
     as_: Signer = None
 
@@ -123,11 +104,11 @@ class EpisodeAdd(AgentParams):
 class EpisodeVerdict(AgentParams):
     model_config = ConfigDict(populate_by_name=True)
 
-    episode: Annotated[str, _entry("episode"), Cli(positional=True, metavar="EPISODE"), Field(
+    episode: Annotated[EntryId, Cli(positional=True, metavar="EPISODE"), Field(
         description="the episode's id (sha256:..., as episode list shows it)")]
     verdict: Annotated[Literal["yes", "no", "unsure"], Cli(positional=True), Field(
         description="did it work: kept beside the tools' result, never replacing it")]
-    reason: Annotated[str | None, Field(min_length=1, max_length=MAX_REASON_CHARS, description="why")] = None
+    reason: Annotated[str | None, not_blank(MAX_REASON_CHARS), Field(description="why")] = None
     as_: Signer = None
 
 
@@ -145,7 +126,7 @@ class MethodsPromote(AgentParams):
 
     method: Annotated[str, Cli(positional=True, metavar="ID"), Field(
         min_length=1, max_length=80, description="the method's id (method:..., as methods list shows it)")]
-    as_: Annotated[str | None, Cli(flag="--as", metavar="AGENT"), Field(
+    as_: Annotated[OptionalAgent, Cli(flag="--as", metavar="AGENT"), Field(
         alias="as", description="sign with this agent's key (it must hold admin on AGENT's database); "
                                 "default: AGENT's own key")] = None
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field
 
 from memmesh.node import fence
-from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.params import Cli, Params, Ref
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class Unfence(Params):
-    db: Annotated[str, Cli(positional=True, metavar="DB_OR_NAME"), Field(
+    db: Annotated[Ref, Cli(positional=True, metavar="DB_OR_NAME"), Field(
         description="a bank name, an agent name (its own database) or a database id")]
 
 

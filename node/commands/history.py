@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from memmesh.node.commands.params import AgentParams, Cli
+from memmesh.node.commands.params import AgentParams, Cli, Session, not_blank, worded
 from memmesh.node.commands.registry import REGISTRY, command
 from memmesh.node.commands.result import Result
 from memmesh.node.history import service
 from memmesh.node.history.labels import TextLabels, text_labels
+from memmesh.node.history.record import MAX_SUMMARY_CHARS, MAX_TEXT_CHARS
 from memmesh.node.history.service import TOOL_CONFIG_KEY
 from memmesh.node.memory.agents import agent_state
 from memmesh.node.settings import memory_defaults
@@ -23,8 +24,11 @@ if TYPE_CHECKING:
 
 REGISTRY.group("history", "conversation history: add, show, compact, expand, window, summary")
 
-Session = Annotated[str, Field(description="the conversation's session name (1-512 characters)")]
+# A chunk id; a turn id (ENTRY/KEY/SEQ) is of the form too, and expand says it is a turn, not a chunk.
+CHUNK_PATTERN = worded("^(?:chunk:[0-9a-f]{64}|sha256:[0-9a-f]{64}/[0-9]+/[0-9]+)$",
+                       "must be a chunk id (chunk: and 64 lowercase hex digits, as history show prints it)")
 ChunkId = Annotated[str, Cli(positional=True, metavar="CHUNK_ID"), Field(
+    pattern=CHUNK_PATTERN,
     description="a chunk id (chunk:..., as history show prints it)")]
 
 
@@ -33,7 +37,8 @@ class HistoryAdd(AgentParams):
     role: Annotated[Literal["user", "assistant", "tool"], Field(
         description="who said it: user (trust owner), assistant (derived), tool (ingested; recorded only when "
                     f"the agent's config {TOOL_CONFIG_KEY} is true)")]
-    text: Annotated[str, Cli(positional=True), Field(description="the message, verbatim (1-65536 characters)")]
+    text: Annotated[str, Cli(positional=True), not_blank(MAX_TEXT_CHARS), Field(
+        description=f"the message, verbatim (1-{MAX_TEXT_CHARS} characters)")]
 
 
 class HistoryShow(AgentParams):
@@ -44,7 +49,7 @@ class HistoryShow(AgentParams):
 
 
 class HistoryCompact(AgentParams):
-    session: Annotated[str | None, Field(description="only this session; default: every session")] = None
+    session: Annotated[Session | None, Field(description="only this session; default: every session")] = None
 
 
 class HistoryExpand(AgentParams):
@@ -58,8 +63,8 @@ class HistoryWindow(AgentParams):
 
 class HistorySummary(AgentParams):
     chunk: ChunkId
-    text: Annotated[str, Cli(positional=True), Field(
-        description="the summary a model wrote (1-65536 characters), shown instead of the extractive one")]
+    text: Annotated[str, Cli(positional=True), not_blank(MAX_SUMMARY_CHARS), Field(
+        description=f"the summary a model wrote (1-{MAX_SUMMARY_CHARS} characters), shown instead of the extractive one")]
 
 
 # ---------------------------------------------------------------------------------- text

@@ -22,9 +22,12 @@ from memmesh.node.commands.json_input import (  # noqa: F401  (where the API and
     no_json_constant,
     unique_keys,
 )
+from memmesh.node.history.record import MAX_SESSION_CHARS
+from memmesh.node.memory.rows import MAX_SLUG_CHARS
 from memmesh.node.refusal import ParamsError
+from memmesh.node.settings import NAME_PATTERN
 from memmesh.node.strict import StrictModel
-from memmesh.node.validation_text import json_type, shown, what_is_wrong
+from memmesh.node.validation_text import json_type, shown, what_is_wrong, worded
 
 # Parameters that name something the node looks up (an agent, a bank, a database, a key): a
 # control character in one is never a real name, and NUL reaches storage's own checks as a bug.
@@ -79,11 +82,65 @@ class Cli:
     read: str | None = None
 
 
-AgentName = Annotated[str, Cli(positional=True), Field(description="the agent's name")]
-BankRef = Annotated[str, Cli(positional=True),
-                    Field(description="a bank name, an agent name (its own database) or a database id")]
-OptionalBank = Annotated[str | None, Field(description="a bank name, an agent name or a database id; "
-                                                       "default: the agent's own database")]
+# ------------------------------------------------------------------ the shared string types
+# Each constraint a handler or storage applies to a string is declared here, in the type, so the
+# published JSON Schema (HTTP, OpenAPI, MCP) and the validation are the same object: a request
+# the schema allows is not refused as malformed, and one it forbids is refused (400
+# invalid_params) before any lookup. Patterns read the same in JSON Schema (ECMA-262) and in
+# pydantic's Rust regex: anchored with ^ and $ (which end the text in both), no lookaround.
+_NAME_BODY = NAME_PATTERN.removeprefix("^").removesuffix("$")
+ENTRY_ID_PATTERN = worded("^sha256:[0-9a-f]{64}$", "must be an entry id (sha256: and 64 lowercase hex digits)")
+REF_PATTERN = worded(f"^(?:{_NAME_BODY}|sha256:[0-9a-f]{{64}})$",
+                     "should be a name (1-64 ASCII letters, digits, '.', '_' or '-', starting with a letter or "
+                     "digit) or a database id (sha256: and 64 lowercase hex digits)")
+# Not blank: at least one character that is not white space as str.isspace() counts it (the
+# rule of node/memory/rows.py), spelt out so that every regex engine reads the same class.
+_SPACES = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NOT_BLANK_PATTERN = worded(f"[^{_SPACES}]", "must not be blank (only white space)")
+# An ISO 8601 date, or date and time (seconds, fraction and UTC offset optional): only days that
+# exist (29 February in leap years), so every value the pattern allows is a time. Years 1000-2999.
+_YEAR = "[12][0-9]{3}"
+_LEAP = "(?:[12][0-9](?:0[48]|[2468][048]|[13579][26])|(?:1[26]|2[048])00)"
+_MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+              "|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+_CLOCK = "(?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9](?:\\.[0-9]{1,6})?)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?"
+TIME_PATTERN = worded(f"^(?:{_YEAR}-{_MONTH_DAY}|{_LEAP}-02-29)(?:[T ]{_CLOCK})?$",
+                      "must be an ISO 8601 date or time such as 2026-06-01 or 2026-06-01T09:00:00Z "
+                      "(years 1000-2999)")
+
+
+def not_blank(max_chars: int) -> Any:
+    """The constraint of a text that must hold something: 1-``max_chars`` characters, not all white space."""
+    return Field(min_length=1, max_length=max_chars, pattern=NOT_BLANK_PATTERN)
+
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]  # an agent's or a bank's name
+AgentName = Annotated[str, Cli(positional=True), Field(pattern=NAME_PATTERN, description="the agent's name")]
+OptionalAgent = Annotated[str | None, Field(pattern=NAME_PATTERN)]
+Ref = Annotated[str, Field(pattern=REF_PATTERN)]  # a bank name, an agent name or a database id
+BankRef = Annotated[str, Cli(positional=True), Field(
+    pattern=REF_PATTERN, description="a bank name, an agent name (its own database) or a database id")]
+OptionalBank = Annotated[str | None, Field(pattern=REF_PATTERN, description=(
+    "a bank name, an agent name or a database id; default: the agent's own database"))]
+EntryId = Annotated[str, Field(pattern=ENTRY_ID_PATTERN)]
+Time = Annotated[str, Field(pattern=TIME_PATTERN)]
+SLUG_PATTERN = worded(f"^[a-z0-9][a-z0-9_.-]{{0,{MAX_SLUG_CHARS - 1}}}$",
+                      f"must be a lowercase slug of 1-{MAX_SLUG_CHARS} characters (a-z, 0-9, _ . -, "
+                      "starting with a letter or digit)")
+Slug = Annotated[str, Field(pattern=SLUG_PATTERN)]  # a category, a link's type, an episode's kind
+# A public key as node/auth spells it: ed25519: and 43 base64url characters, the last of which
+# carries only two bits (a canonical spelling has the unused bits zero).
+KEY_PATTERN = worded("^ed25519:[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$",
+                     "must be a public key (ed25519: and 43 base64url characters)")
+PublicKeyText = Annotated[str, Field(pattern=KEY_PATTERN)]
+# Who holds or wrote something: a key, a label as memory grants shows it (node:self, peer:...,
+# agent:NAME, key:...) or a local agent's name.
+WHO_PATTERN = worded(f"^(?:{KEY_PATTERN[1:-1]}|[a-z]+:[^\x00-\x1f\x7f-\x9f]{{1,200}}|{_NAME_BODY})$",
+                     "must be a key (ed25519: and 43 base64url characters), a label such as node:self or "
+                     "agent:NAME, or an agent's name")
+Who = Annotated[str, Field(pattern=WHO_PATTERN)]
+Session = Annotated[str, not_blank(MAX_SESSION_CHARS), Field(description=(
+    f"the conversation's session name (1-{MAX_SESSION_CHARS} characters)"))]
 
 
 class AgentParams(Params):
@@ -176,5 +233,5 @@ def _is_secret(model: type[Params], loc: tuple[Any, ...]) -> bool:
     return field is not None and field.annotation in (SecretStr, SecretStr | None)
 
 
-__all__ = ["AgentName", "AgentParams", "BankRef", "Cli", "NoParams", "OptionalBank", "Params",
-           "ParamsError", "control_character", "describe", "parse"]
+__all__ = ["AgentName", "AgentParams", "BankRef", "Cli", "EntryId", "Name", "NoParams", "OptionalAgent", "OptionalBank",
+           "Params", "ParamsError", "PublicKeyText", "Ref", "Session", "Slug", "Time", "Who", "control_character", "describe", "not_blank", "parse"]

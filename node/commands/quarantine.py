@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from memmesh.auth.errors import AuthError, MemmeshError
 from memmesh.auth.keys import SigningKey
 from memmesh.auth.ops import check_key
 from memmesh.auth.permissions import ADMIN, TARGET_STRONGER, Permission, may_change
-from memmesh.node.commands.params import BankRef, Cli, Params, ParamsError
+from memmesh.node.commands.params import BankRef, Cli, EntryId, OptionalAgent, Params, ParamsError, Who
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result
 from memmesh.node.commands.tools import WorldTime
@@ -26,8 +26,7 @@ from memmesh.node.memory.quarantine import (
     quarantines,
     release_value,
 )
-from memmesh.node.memory.rows import Memory, MemoryInputError, check_time, iso_utc, parse_memory
-from memmesh.node.memory.timeline import check_entry_id
+from memmesh.node.memory.rows import Memory, check_time, iso_utc, parse_memory
 from memmesh.node.registry import UnknownName
 
 if TYPE_CHECKING:
@@ -44,14 +43,7 @@ class AlreadyReleased(MemmeshError):
     """A release of a quarantine that a release already ended."""
 
 
-def _entry_id(value: str) -> str:
-    try:
-        return check_entry_id("quarantine", value)
-    except MemoryInputError as exc:
-        raise ValueError(str(exc).removeprefix("quarantine ").rsplit(", got ", 1)[0]) from None
-
-
-Signer = Annotated[str | None, Cli(flag="--as", metavar="AGENT"), Field(
+Signer = Annotated[OptionalAgent, Cli(flag="--as", metavar="AGENT"), Field(
     alias="as", description="sign with this agent's key; default: this node's strongest admin key for the bank")]
 
 
@@ -59,8 +51,8 @@ class MemoryQuarantine(Params):
     model_config = ConfigDict(populate_by_name=True)
 
     bank: BankRef
-    who: Annotated[str, Cli(positional=True, metavar="KEY_OR_AGENT"), Field(
-        min_length=1, description="the writer: its public key (ed25519:..., as recall shows it in written_by) "
+    who: Annotated[Who, Cli(positional=True, metavar="KEY_OR_AGENT"), Field(
+        description="the writer: its public key (ed25519:..., as recall shows it in written_by) "
                                   "or the name of an agent of this node")]
     from_: Annotated[WorldTime, Cli(flag="--from"), Field(
         alias="from", description="ISO 8601: hide rows signed at or after this time; default: from the first")] = None
@@ -74,7 +66,7 @@ class MemoryRelease(Params):
     model_config = ConfigDict(populate_by_name=True)
 
     bank: BankRef
-    quarantine: Annotated[str, AfterValidator(_entry_id), Cli(positional=True, metavar="QUARANTINE_ID"), Field(
+    quarantine: Annotated[EntryId, Cli(positional=True, metavar="QUARANTINE_ID"), Field(
         description="the quarantine's id (sha256:..., as memory quarantines lists it)")]
     as_: Signer = None
 

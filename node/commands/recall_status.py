@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import Field
 
 from memmesh.node.commands.node_status import recall_status
-from memmesh.node.commands.params import BankRef, Params
+from memmesh.node.commands.params import BankRef, OptionalAgent, Params
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 class MemoryStatus(Params):
     bank: BankRef
-    agent: Annotated[str | None, Field(
+    agent: Annotated[OptionalAgent, Field(
         description="count trust tiers as this agent reads them (its own rows are owner); "
                     "default: no reader, every plain row is peer")] = None
 

@@ -28,6 +28,7 @@ survive being sent as data.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,11 @@ from memmesh.node.commands.result import Result
 
 if TYPE_CHECKING:
     from memmesh.node.library import Node
+
+# Set (to 1) in the environment: every Result a handler returns is validated against the
+# command's answer model (node/commands/answers), and a mismatch raises naming the command and
+# the field. The test suite sets it (tests/conftest.py); serve processes it starts inherit it.
+CHECK_ANSWERS_ENV = "MEMMESH_CHECK_ANSWERS"
 
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]
@@ -107,6 +113,16 @@ class Command:
         """The JSON Schema of the parameters (what HTTP/OpenAPI and MCP are generated from)."""
         return self.params.model_json_schema()
 
+    @property
+    def answer(self) -> Any:
+        """The model of the Result's ``data`` (a pydantic model, or a union of them for the
+        commands whose answer is another's: ``tool``, ``command``); None for a command without
+        one. Looked up in node/commands/answers on first use, so that a command sent to serve
+        does not build every answer model first."""
+        from memmesh.node.commands.answers import ANSWERS
+
+        return ANSWERS.get(self.name)
+
     def parse(self, params: Any) -> Params:
         return parse(self.params, params, self.name)
 
@@ -154,7 +170,9 @@ class Registry:
                                        name.startswith("memory.") if chat is None else chat, tuple(from_caller))
 
     def group(self, name: str, help: str) -> None:
-        """Describe a group of commands (``memory`` for ``memory.new``, ``memory.list``, ...)."""
+        """Describe a group of commands (``memory`` for ``memory.new``, ``memory.list``, ...).
+        ``{actions}`` in ``help`` stands for the group's actions as registered, so the summary
+        never lags behind the commands."""
         self._groups[name] = help
 
     # ------------------------------------------------------------------ reading
@@ -171,7 +189,12 @@ class Registry:
         return list(self._commands)
 
     def group_help(self, name: str) -> str:
-        return self._groups.get(name, "")
+        help = self._groups.get(name, "")
+        if "{actions}" in help:
+            depth = name.count(".") + 1
+            actions = dict.fromkeys(c.split(".")[depth] for c in self._commands if c.startswith(name + "."))
+            help = help.replace("{actions}", ", ".join(actions))
+        return help
 
     # ------------------------------------------------------------------ running
     def run(self, node: Node, name: str, params: Any, events: EventSink | None = None) -> Result:
@@ -202,8 +225,16 @@ class Registry:
 def _call(handler: Callable[..., Result], cmd: Command, target: Any, parsed: Params,
           events: EventSink | None) -> Result:
     if cmd.emits_events:
-        return handler(target, parsed, events=events or _discard)
-    return handler(target, parsed)
+        result = handler(target, parsed, events=events or _discard)
+    else:
+        result = handler(target, parsed)
+    # The test suite's: every answer against its published schema (a command registered by a
+    # test alone has none; tests/test_answers.py checks that every command of the node has one).
+    if os.environ.get(CHECK_ANSWERS_ENV) and cmd.answer is not None:
+        from memmesh.node.commands.answers import check_answer
+
+        check_answer(cmd.name, result.data, cmd.answer)
+    return result
 
 
 def progress_sink(callback: Callable[[int, int], None]) -> EventSink:

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.params import Cli, Params, Ref
 from memmesh.node.commands.registry import EventSink, command
 from memmesh.node.commands.result import Result
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class MemoryReindex(Params):
-    bank: Annotated[str | None, Cli(positional=True), Field(
+    bank: Annotated[Ref | None, Cli(positional=True), Field(
         description="a bank name, an agent name or a database id; default: every bank and agent")] = None
 
 

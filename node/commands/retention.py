@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import Field
 
 from memmesh.crdt.clock import now_ms
-from memmesh.node.commands.params import Cli, Params
+from memmesh.node.commands.params import Cli, Params, Ref, Time
 from memmesh.node.commands.registry import REGISTRY, command
 from memmesh.node.commands.result import Result
 from memmesh.node.memory.rows import check_time
@@ -28,7 +28,7 @@ REGISTRY.group("retention", "a database's retention policy: set, show, preview, 
 
 
 class RetentionDb(Params):
-    db: Annotated[str, Cli(positional=True), Field(
+    db: Annotated[Ref, Cli(positional=True), Field(
         description="an agent name (its own database), a bank name or a database id")]
 
 
@@ -47,7 +47,7 @@ class RetentionSet(RetentionDb):
 
 
 class RetentionRun(RetentionDb):
-    now: Annotated[str | None, Field(description="the clock of the run (ISO 8601); default: this node's")] = None
+    now: Annotated[Time | None, Field(description="the clock of the run (ISO 8601); default: this node's")] = None
 
 
 def _now(p: RetentionRun) -> int:

@@ -8,15 +8,18 @@ from pydantic import Field
 
 from memmesh.auth.errors import MemmeshError
 from memmesh.crdt.clock import now_ms
-from memmesh.node.commands.params import BankRef, Cli, NoParams, Params
+from memmesh.node.commands.params import BankRef, Cli, Name, NoParams, Params, PublicKeyText, Ref, not_blank
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result
 from memmesh.node.sync import sharing
+from memmesh.node.validation_text import worded
+from memmesh.tickets import MAX_TICKET_CHARS
 
 if TYPE_CHECKING:
     from memmesh.node.library import Node
 
-_DURATION = re.compile(r"^(\d{1,9})([smhd]?)$")
+DURATION_PATTERN = worded("^([0-9]{1,9})([smhd]?)$", "must be a duration such as 30m, 12h or 7d (or seconds)")
+_DURATION = re.compile(DURATION_PATTERN)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -31,10 +34,10 @@ class MemoryShare(Params):
     bank: BankRef
     perm: Annotated[Literal["admin", "write", "read"], Cli(metavar="PERM"), Field(
         description="what the importing peer may do (admin lets it grant its own agents)")] = "write"
-    recipient: Annotated[str | None, Cli(flag="--for", metavar="PEERKEY"), Field(
+    recipient: Annotated[PublicKeyText | None, Cli(flag="--for", metavar="PEERKEY"), Field(
         description="the importing peer's key (ed25519:...); without it the ticket "
                     "carries a single-use invite secret")] = None
-    expires: Annotated[str, Cli(metavar="DURATION"), Field(description="how long the ticket is valid: 30m, 12h, 7d")] = "7d"
+    expires: Annotated[str, Cli(metavar="DURATION"), Field(pattern=DURATION_PATTERN, description="how long the ticket is valid: 30m, 12h, 7d")] = "7d"
 
 
 @command("memory.share", MemoryShare, "print a signed ticket that lets another peer import a bank")
@@ -75,10 +78,10 @@ def memory_unshare(node: Node, p: MemoryUnshare) -> Result:
 
 
 class MemoryImport(Params):
-    ticket: Annotated[str, Cli(positional=True), Field(description="the ticket (memmesh:?db=...)")]
+    ticket: Annotated[str, Cli(positional=True), not_blank(MAX_TICKET_CHARS), Field(description="the ticket (memmesh:?db=...)")]
     perm: Annotated[Literal["admin", "write", "read"], Cli(positional=True), Field(
         description="what this peer asks for: at most what the ticket gives")] = "write"
-    name: Annotated[str | None, Cli(metavar="NAME"), Field(description="the local name of the bank "
+    name: Annotated[Name | None, Cli(metavar="NAME"), Field(description="the local name of the bank "
                                                                        "(default: its display name)")] = None
 
 
@@ -196,7 +199,7 @@ def refusals(node: Node, p: Refusals) -> Result:
 
 
 class Sync(Params):
-    bank: Annotated[str | None, Cli(positional=True), Field(description="only this bank (default: every shared bank)")] = None
+    bank: Annotated[Ref | None, Cli(positional=True), Field(description="only this bank (default: every shared bank)")] = None
     peer: Annotated[str | None, Cli(metavar="URL"), Field(description="sync with this address (http:HOST:PORT) "
                                                                      "instead of the known peers")] = None
 
@@ -208,14 +211,28 @@ class SyncFailed(MemmeshError):
 @command("sync", Sync, "sync shared banks with their peers now (exit 1 if a peer could not be reached)")
 def sync(node: Node, p: Sync) -> Result:
     from memmesh.node.sync.oneshot import sync_now
+    from memmesh.tickets.ticket import TicketRejected, parse_address
 
+    if p.peer is not None:
+        # A malformed address is the caller's mistake, said as such before any connection.
+        try:
+            parse_address(p.peer)
+        except TicketRejected as exc:
+            raise SyncFailed("--peer is not a peer address (http:HOST:PORT, e.g. http:127.0.0.1:7411): "
+                             f"{exc.detail}") from None
     if p.bank is not None:
         dbs = [node.agents.resolve(p.bank).db.id]
     else:
         dbs = [d for d in node.sync.shared() if d in node.database_ids()]
     report = node.network.run(lambda run: sync_now(node, dbs, p.peer, run))
-    lines = [f"{node.agents.name_of(r['db'])}: {r['peer'][:28]}... at {r['address']}: "
-             + (f"pulled {r['pulled']}, pushed {r['pushed']}" if r["ok"] else f"FAILED: {r['error']}") for r in report]
+    def line(r: dict[str, Any]) -> str:
+        # "-" and "?": the peer did not answer its hello, so there is no bank or key to name.
+        bank = "" if r["db"] == "-" else f"{node.agents.name_of(r['db'])}: "
+        peer = r["address"] if r["peer"] == "?" else f"{r['peer'][:28]}... at {r['address']}"
+        return f"{bank}{peer}: " + (f"pulled {r['pulled']}, pushed {r['pushed']}" if r["ok"] else
+                                    f"FAILED: {r['error']}")
+
+    lines = [line(r) for r in report]
     failed = [r for r in report if not r["ok"]]
     if failed:
         raise SyncFailed("\n".join(lines) if lines else "no peer could be reached")

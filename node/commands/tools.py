@@ -10,21 +10,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from memmesh.crdt.clock import now_ms
 from memmesh.node.catalogue import CATALOGUE, TOOL_NAMES
 from memmesh.node.commands.forgetting import forget_memory
-from memmesh.node.commands.params import AgentName, AgentParams, Cli, NoParams, OptionalBank, Params, ParamsError, parse
+from memmesh.node.commands.params import (
+    TIME_PATTERN,
+    AgentName,
+    AgentParams,
+    Cli,
+    EntryId,
+    NoParams,
+    OptionalBank,
+    Params,
+    Session,
+    Slug,
+    not_blank,
+    parse,
+)
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result, json_text
 from memmesh.node.memory.framing import DEFAULT_CONTEXT_WINDOW, FLOOR
 from memmesh.node.memory.graph import MAX_DEPTH
 from memmesh.node.memory.rows import (
+    MAX_EDGE_TO_CHARS,
     MAX_EDGES,
     MAX_ENTITIES,
+    MAX_ENTITY_CHARS,
     MAX_KEY_CHARS,
     MAX_SCORE,
     MAX_TAG_CHARS,
@@ -34,10 +49,9 @@ from memmesh.node.memory.rows import (
     SOURCES,
     SUPERSEDES,
     MemoryInputError,
-    check_slug,
     check_time,
 )
-from memmesh.node.memory.timeline import Filters, check_entry_id
+from memmesh.node.memory.timeline import Filters
 from memmesh.node.memory.view import DEFAULT_LIMIT, MAX_LIMIT
 from memmesh.node.settings import check_tool
 
@@ -45,50 +59,51 @@ if TYPE_CHECKING:
     from memmesh.node.library import Node
     from memmesh.node.memory.agents import Agent
 
-Tags = Annotated[list[str], Cli(flag="--tag"), Field(
-    description=f"up to {MAX_TAGS} tags of 1-{MAX_TAG_CHARS} characters")]
+Tags = Annotated[list[Annotated[str, not_blank(MAX_TAG_CHARS)]], Cli(flag="--tag"), Field(
+    max_length=MAX_TAGS, description=f"up to {MAX_TAGS} tags of 1-{MAX_TAG_CHARS} characters")]
+Key = Annotated[str, not_blank(MAX_KEY_CHARS)]  # a memory's key (node/memory/rows.py's rule)
+Entity = Annotated[str, not_blank(MAX_ENTITY_CHARS)]
 
-
-def _rule(check: Callable[[str, Any], Any], what: str) -> AfterValidator:
-    """A field checked by the rule node/memory/rows.py applies to the row (one rule, one wording)."""
-    def run(value: Any) -> Any:
-        if value is not None:
-            try:
-                check(what, value)
-            except MemoryInputError as exc:
-                # The error line shows the value itself ("(got ...)"): keep the rule only.
-                raise ValueError(str(exc).removeprefix(f"{what} ").rsplit(", got ", 1)[0]) from None
-        return value
-    return AfterValidator(run)
 
 
 Score = Annotated[int | None, Field(ge=MIN_SCORE, le=MAX_SCORE)]
-WorldTime = Annotated[str | None, _rule(check_time, "time")]
+WorldTime = Annotated[str | None, Field(pattern=TIME_PATTERN)]
+
+
+def _not_supersedes(value: str) -> str:
+    # What the schema's "not": {"const": "supersedes"} says; node/memory/rows.py's words.
+    if value == SUPERSEDES:
+        raise ValueError("may not be supersedes: a supersedes edge is written by the supersedes argument "
+                         "(give the keys as supersedes: [KEY, ...])")
+    return value
 
 
 class EdgeArg(Params):
-    type: Annotated[str, _rule(check_slug, "type"), Field(description="the link's type, a lowercase slug")]
-    to: Annotated[str, Field(min_length=1, description="a memory key in the same bank, or BANK:KEY")]
+    type: Annotated[Slug, AfterValidator(_not_supersedes), Field(
+        json_schema_extra={"not": {"const": SUPERSEDES}},
+        description="the link's type, a lowercase slug (not supersedes: see the supersedes argument)")]
+    to: Annotated[str, not_blank(MAX_EDGE_TO_CHARS), Field(description="a memory key in the same bank, or BANK:KEY")]
 
 
 class RememberArgs(Params):
-    key: Annotated[str, Cli(positional=True), Field(
+    key: Annotated[Key, Cli(positional=True), Field(
         description=f"the memory's key, 1-{MAX_KEY_CHARS} characters; a newer memory with the same key supersedes it")]
-    value: Annotated[str, Cli(positional=True), Field(description=f"what to remember, 1-{MAX_VALUE_CHARS} characters")]
+    value: Annotated[str, Cli(positional=True), not_blank(MAX_VALUE_CHARS), Field(
+        description=f"what to remember, 1-{MAX_VALUE_CHARS} characters")]
     tags: Tags = []
     bank: OptionalBank = None
-    category: Annotated[str | None, _rule(check_slug, "category"), Field(
+    category: Annotated[Slug | None, Field(
         description="a lowercase slug such as preference, decision, lesson, fact")] = None
     confidence: Annotated[Score, Field(description=f"how sure, {MIN_SCORE}-{MAX_SCORE}; a merge never lowers it")] = None
     importance: Annotated[Score, Field(description=f"how much it matters, {MIN_SCORE}-{MAX_SCORE}")] = None
-    entities: Annotated[list[str], Cli(flag="--entity"), Field(
-        description=f"up to {MAX_ENTITIES} names of things it is about")] = []
+    entities: Annotated[list[Entity], Cli(flag="--entity"), Field(
+        max_length=MAX_ENTITIES, description=f"up to {MAX_ENTITIES} names of things it is about")] = []
     edges: Annotated[list[EdgeArg], Cli(flag="--edge", metavar="JSON"), Field(
-        description="typed links: [{\"type\": slug, \"to\": KEY or BANK:KEY}]")] = []
+        max_length=MAX_EDGES, description="typed links: [{\"type\": slug, \"to\": KEY or BANK:KEY}]")] = []
     valid_from: Annotated[WorldTime, Field(description="ISO 8601: since when the fact holds in the world")] = None
     valid_to: Annotated[WorldTime, Field(
         description="ISO 8601: until when it holds (exclusive); a past date retires the fact")] = None
-    supersedes: Annotated[list[str], Cli(flag="--supersedes"), Field(
+    supersedes: Annotated[list[Key], Cli(flag="--supersedes"), Field(
         description="keys of other memories of the bank this one retires")] = []
     source: Annotated[Literal[SOURCES] | None, Field(  # type: ignore[valid-type]
         description="where it comes from; unrecorded reads as inferred")] = None
@@ -112,12 +127,11 @@ class RecallArgs(Params):
     from_: Annotated[WorldTime, Cli(flag="--from"), Field(
         alias="from", description="ISO 8601: start of a period; memories valid or written in it")] = None
     to: Annotated[WorldTime, Field(description="ISO 8601: end of the period (inclusive)")] = None
-    category: Annotated[str | None, _rule(check_slug, "category"), Field(
-        description="only memories of this category")] = None
+    category: Annotated[Slug | None, Field(description="only memories of this category")] = None
     min_confidence: Annotated[Score, Field(description="only memories at least this confident")] = None
-    entities: Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]], Cli(flag="--entity"), Field(
-        max_length=32, description="only memories about all these entities (compared case-insensitively)")] = []
-    as_known_at: Annotated[str | None, _rule(check_entry_id, "as_known_at"), Field(
+    entities: Annotated[list[Entity], Cli(flag="--entity"), Field(
+        max_length=MAX_ENTITIES, description="only memories about all these entities (compared case-insensitively)")] = []
+    as_known_at: Annotated[EntryId | None, Field(
         description="an entry id of the bank (sha256:...): recall as the store stood with that entry's "
                     "causal past, the same on every replica")] = None
     scopes: Annotated[list[Literal["memory", "history"]], Cli(flag="--scope"), Field(
@@ -129,7 +143,8 @@ class RecallArgs(Params):
         when = {k: None if v is None else check_time(k, v)
                 for k, v in (("as_of", self.as_of), ("from", self.from_), ("to", self.to))}
         if when["from"] is not None and when["to"] is not None and when["from"] > when["to"]:
-            raise ParamsError(f"recall: from ({self.from_}) must not be after to ({self.to})")
+            # Well-formed values in an order no schema can state: refused (422), not malformed (400).
+            raise MemoryInputError(f"recall: from ({self.from_}) must not be after to ({self.to})")
         return Filters(self.category, self.min_confidence, when["as_of"], when["from"], when["to"], now,
                        self.as_known_at, tuple(self.entities))
 
@@ -142,17 +157,18 @@ def _no_supersedes(types: list[str]) -> list[str]:
 
 
 class NeighborsArgs(Params):
-    key: Annotated[str | None, Cli(positional=True), Field(
-        min_length=1, max_length=MAX_KEY_CHARS, description="the memory whose links to follow")] = None
-    entity: Annotated[str | None, Field(
-        min_length=1, max_length=128, description="start from the memories about this entity instead of one "
+    key: Annotated[Key | None, Cli(positional=True), Field(description="the memory whose links to follow")] = None
+    entity: Annotated[Entity | None, Field(description="start from the memories about this entity instead of one "
                                                   "key (memory entities lists them)")] = None
     bank: OptionalBank = None
-    types: Annotated[list[Annotated[str, _rule(check_slug, "type")]], AfterValidator(_no_supersedes),
+    types: Annotated[list[Slug], AfterValidator(_no_supersedes),
                      Cli(flag="--type"), Field(max_length=MAX_EDGES, description=(
                          "only links of these types (lowercase slugs); default: every type"))] = []
     depth: Annotated[int, Field(ge=1, le=MAX_DEPTH, description=(
         f"how many links away, 1-{MAX_DEPTH}; each memory at its shortest distance"))] = 1
+
+    schema_rules: ClassVar[dict[str, Any]] = {"oneOf": [
+        {"required": [start], "properties": {start: {"type": "string"}}} for start in ("key", "entity")]}
 
     @model_validator(mode="after")
     def _one_start(self) -> NeighborsArgs:
@@ -162,8 +178,7 @@ class NeighborsArgs(Params):
 
 
 class ForgetArgs(Params):
-    key: Annotated[str, Cli(positional=True), Field(
-        min_length=1, max_length=MAX_KEY_CHARS,
+    key: Annotated[Key, Cli(positional=True), Field(
         description="the memory key to forget: every version of it (current and superseded) is erased")]
     bank: OptionalBank = None
     preview: Annotated[bool, Field(
@@ -301,7 +316,7 @@ def render_memories(data: dict[str, Any]) -> str:
 class AutoRecall(AgentParams):
     messages: Annotated[list[str], Cli(positional=True, metavar="MESSAGE"), Field(
         description="the conversation so far, oldest first (the last 5 are used)")]
-    session: Annotated[str | None, Field(description="the session, for banks attached to one session")] = None
+    session: Annotated[Session | None, Field(description="the session, for banks attached to one session")] = None
     # A preview (the cockpit's page) shows the block without injecting it into any model's context.
     no_count: Annotated[bool, Cli(flag="--no-count"), Field(
         description="a preview: do not count the lines shown as injections in the access counts")] = False

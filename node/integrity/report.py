@@ -40,6 +40,7 @@ class Problem:
     author: str | None = None  # the entry's author, when its header could be read
     seq: int | None = None
     damage: bool = True  # False: a notice, the home is healthy
+    repairable: bool = True  # False: check --repair cannot rebuild it; only a backup can
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,6 +217,10 @@ class Report:
             parts += ["the storage file"] if any(p.damage for p in self.storage.problems) else []
             parts += ["the keys"] if any(p.damage for p in self.keys) else []
             parts += ["the peer-local records"] if any(p.damage for p in self.local) else []
+            lost = [p for p in self.storage.problems if p.damage and not p.repairable]
+            if lost:  # advising --repair would only lead to its own "restore a backup"
+                return "DAMAGED: the storage file cannot be read, and check --repair cannot rebuild it: restore a " \
+                       "backup (memmesh restore)"
             return f"DAMAGED: {', '.join(parts)}; run memmesh check --repair (with serve stopped)"
         remaining = self.remaining()
         if not self.found_damage():

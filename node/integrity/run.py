@@ -165,18 +165,31 @@ def _file_header(path: Path) -> tuple[int, int]:
         conn.close()
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first bytes of every SQLite file
+
+
+def _header_gone(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC
+
+
 def _open_storage(path: Path, report: Report, repair: bool) -> SqliteStorage | None:
     """The storage to check: a snapshot (check) or the file itself, rebuilt first when SQLite
     finds it damaged (repair). None when nothing more can be checked (said in ``report``)."""
     problems = report.storage.problems
     if not path.exists():
-        problems.append(Problem("sqlite.unreadable", f"{path} is missing: restore a backup (memmesh restore)"))
+        problems.append(Problem("sqlite.unreadable", f"{path} is missing: restore a backup (memmesh restore)",
+                                repairable=False))
         return None
     try:
         app_id, version = _file_header(path)
     except sqlite3.Error as exc:
         app_id, version = APPLICATION_ID, None
-        problems.append(Problem("sqlite.unreadable", f"{path} cannot be read as an SQLite file ({exc})"))
+        if _header_gone(path):  # SQLite opens nothing without it, and a salvage reads no row
+            problems.append(Problem("sqlite.unreadable", f"{path} cannot be read as an SQLite file: its first "
+                                    "bytes are not SQLite's header", repairable=False))
+        else:
+            problems.append(Problem("sqlite.unreadable", f"{path} cannot be read as an SQLite file ({exc})"))
     report.storage.schema_version = version
     if app_id not in (APPLICATION_ID, 0):
         raise StorageError(f"{path} is not a memmesh storage file (its SQLite header names another program); "

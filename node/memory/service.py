@@ -291,6 +291,26 @@ class MemoryService:
         return {"memories": memories, "count": len(memories), "bank": target.name,
                 "message": message, "warnings": warnings}
 
+    def get(self, agent: Agent, key: str, bank: str | None = None,
+            now: int | None = None) -> tuple[str, dict[str, Any] | None]:
+        """The bank's name and its current memory ``key`` (the agent's own database when bank is
+        None) as recall shows one memory, or None when recall would not show it: no row of the key, forgotten,
+        retired (by a supersedes edge, or by its valid_to at ``now``), quarantined, a secret the
+        agent's config withholds, or a trust tier the agent weighs 0. AuthError when the agent
+        may not read the bank, as for recall. Read through the view's per-key index (not a
+        search: a bank of any size), and not counted as an access: nothing was recalled."""
+        target = self.agents.open_for(agent, bank, "read")
+        ranking = Ranking.of(agent, agent_state(agent.db, self.settings.defaults()).config)
+        view = self.view(target.db)
+        m = view.shown(key, now=now_ms() if now is None else now, include_secrets=ranking.include_secrets)
+        if m is None:
+            return target.name, None
+        found = self._found(view, m, 0.0, ranking)
+        if (ranking.weights or {}).get(found.trust, 1.0) * salience_factor(m.importance, m.confidence) <= 0:
+            return target.name, None  # a weight of 0: recall never returns it
+        return target.name, {**m.to_dict(target.name), **found.fields(), **view.relations(m),
+                             **self.access.get(target.db.id, m.key).fields()}
+
     def _search(self, db: Database, query: str, tags: Sequence[str], limit: int,
                 warnings: list[str], include_superseded: bool = False,
                 filters: Filters | None = None, ranking: Ranking = Ranking()) -> list[Found]:

@@ -195,6 +195,20 @@ class MemoryView(ViewFeed):
         return None if doc is None else ix.mem[doc]
 
     @locked
+    def shown(self, key: str, *, now: int | None, include_secrets: bool) -> Memory | None:
+        """The current row of ``key`` if recall could return it, else None: not retired by its
+        ``valid_to`` at ``now`` (the caller's clock; None: never), not quarantined, not a secret
+        unless included. One lookup in the per-key index, whatever the bank's size."""
+        ix = self._current_index()
+        doc = self._current.get(key)
+        if doc is None:
+            return None
+        m = ix.mem[doc]
+        if _retired(m, now) or not self.visible(m, include_secrets=include_secrets):
+            return None
+        return m
+
+    @locked
     def timeline(self, key: str) -> list[Memory]:
         """The key's rows and the tombstones naming it, newest first in T order."""
         self._current_index()
@@ -360,16 +374,18 @@ class MemoryView(ViewFeed):
         return [ix.mem[d] for d in sorted(docs, key=ix.tiebreak.__getitem__)]
 
     @locked
-    def entities(self, *, include_secrets: bool = False) -> list[tuple[str, int]]:
+    def entities(self, *, include_secrets: bool = False, now: int | None = None) -> list[tuple[str, int]]:
         """The entities the current memories are about, with how many of them each, most first
         (ties by name); spelled as the newest memory about it spells it. Quarantined rows, and
-        secrets unless included, are not counted."""
+        secrets unless included, are not counted; with ``now`` (the caller's clock), neither is
+        a current row retired by its ``valid_to``, which recall no longer shows either."""
         ix = self._current_index()
         counts: dict[str, tuple[int, str, tuple[int, int, int]]] = {}
         for entity, docs in ix.entity_docs.items():
             for doc in docs:
                 m = ix.mem[doc]
-                if not ix.cols.current[doc] or not self.visible(m, include_secrets=include_secrets):
+                if (not ix.cols.current[doc] or _retired(m, now)
+                        or not self.visible(m, include_secrets=include_secrets)):
                     continue
                 n, name, newest = counts.get(entity, (0, "", (0, 0, 0)))
                 spelled = next(e for e in m.entities if e.casefold() == entity)
@@ -460,3 +476,8 @@ class MemoryView(ViewFeed):
             keep = ix.cols.flag[:n] == NO_FLAG
             out = keep if out is None else out & keep
         return out
+
+
+def _retired(m: Memory, now: int | None) -> bool:
+    """Whether the row's end date has passed at ``now`` (recall's rule, timeline.Filters.keep)."""
+    return now is not None and m.valid_to is not None and m.valid_to <= now

@@ -17,6 +17,7 @@ Exchange to its end.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -240,7 +241,27 @@ class HttpTransport:
                     chunks.append(chunk)
                 return resp.status, {k.lower(): v for k, v in resp.headers.items()}, b"".join(chunks)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise SyncError("sync.unreachable", f"cannot reach {address}: {exc.__class__.__name__}: {exc}") from None
+            raise SyncError("sync.unreachable", unreachable(address, exc, self.timeout.total)) from None
+
+
+def unreachable(address: str, exc: BaseException, timeout_s: float | None) -> str:
+    """A sentence for a failed request (operators read it in status, the cockpit and sync's
+    output), not aiohttp's repr with its ssl:default and connection key."""
+    where = address[len("http:"):] if address.startswith("http:") else address
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return f"no answer from {where} within {timeout_s:g} s" if timeout_s else f"no answer from {where} in time"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return f"cannot connect to {where} (its host name does not resolve)"
+    cause = getattr(exc, "os_error", exc)
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError) or isinstance(cause, OSError):
+        why = {errno.ECONNREFUSED: "connection refused", errno.ETIMEDOUT: "timed out",
+               errno.EHOSTUNREACH: "no route to the host", errno.ENETUNREACH: "no route to the network",
+               errno.ECONNRESET: "the connection was reset"}.get(getattr(cause, "errno", None) or -1)
+        if why is None:
+            why = "the peer closed the connection" if isinstance(exc, aiohttp.ServerDisconnectedError) \
+                else (getattr(cause, "strerror", None) or str(cause) or type(exc).__name__).lower()
+        return f"cannot connect to {where} ({why})"
+    return f"cannot reach {where}: {str(exc) or type(exc).__name__}"
 
 
 async def call(transport: HttpTransport, client: Client, address: str, target: str, message: Any) -> tuple[str, Any]:

@@ -66,6 +66,7 @@ from memmesh.crdt.errors import StorageError
 from memmesh.node.api_token import read_token
 from memmesh.node.catalogue import CATALOGUE, ToolSpec
 from memmesh.node.command_result import Result, json_text
+from memmesh.node.commands.answers import tool_output_schema
 from memmesh.node.commands.tools import TOOLS, AutoRecall
 from memmesh.node.control import POLL_S, ServeError, remote, route
 from memmesh.node.dispatch import run_command
@@ -513,7 +514,8 @@ def build_server(home: Path, agent: str, allowed: Iterable[str] | None = None) -
     tools: list[Tool] = [
         RegistryTool(fn=_in_thread(partial(_run_tool, home, agent, name)), name=name, title=None,
                      description=spec.description, parameters=spec.args.model_json_schema(),
-                     fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True, context_kwarg=None,
+                     fn_metadata=FuncMetadata(arg_model=ArgModelBase, output_schema=tool_output_schema(name)),
+                     is_async=True, context_kwarg=None,
                      annotations=ANNOTATIONS[name])
              for name, spec in TOOLS.items() if name in allowed]
     fields = AutoRecall.model_fields

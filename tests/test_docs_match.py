@@ -72,26 +72,22 @@ def test_config_show_shows_what_a_running_serve_uses_and_why(tmp_path, monkeypat
     assert f"  listen: {listeners['api']}  # command line (serve --api-listen)" in lines
 
 
-async def test_a_tool_body_naming_the_agent_is_refused_saying_the_path_gives_it(api):  # noqa: F811
-    answers = {}
-    for body in ({"query": "x", "agent": "alpha"}, {"query": "x", "agent": "beta"}):
-        status, answer, _ = await api.call("POST", "/v1/agents/alpha/tools/recall", body=body, valid=False)
-        answers[body["agent"]] = (status, answer["error"])
-    assert answers["alpha"] == answers["beta"] == (400, {
-        "code": "invalid_params",
-        "message": "recall: the path gives agent; a tool's body holds only the tool's arguments, so leave agent out "
-                   "of it"})
-    # autorecall and command still take it repeated, with the same value (docs/api.md, "Routes"),
-    # though their published schemas leave it out
-    status, answer, _ = await api.call("POST", "/v1/agents/alpha/autorecall",
-                                       body={"messages": ["hello"], "agent": "alpha"}, valid=False)
-    assert status == 200, answer
+async def test_a_body_naming_the_agent_is_refused_saying_the_path_gives_it(api):  # noqa: F811
+    # docs/api.md, "Routes": the path gives agent on every agent route, tool or not
+    for path, what, body in (("/v1/agents/alpha/tools/recall", "recall", {"query": "x"}),
+                             ("/v1/agents/alpha/autorecall", "autorecall", {"messages": ["hello"]}),
+                             ("/v1/agents/alpha/command", "command", {"line": "/memory list"})):
+        for agent in ("alpha", "beta"):
+            status, answer, _ = await api.call("POST", path, body={**body, "agent": agent}, valid=False)
+            assert (status, answer["error"]) == (400, {
+                "code": "invalid_params",
+                "message": f"{what}: the path gives agent, so leave agent out of the body"}), (path, agent)
 
 
 def test_the_api_doc_says_what_a_tool_body_may_hold():
     doc = " ".join((ROOT / "docs" / "api.md").read_text().split())
     assert "the body may repeat it with the same value, never another." not in doc
-    assert "a tool's body is the tool's arguments only (the schema MCP publishes), so `agent` there is refused" in doc
+    assert "a body that names it is refused with 400 `invalid_params`" in doc
 
 
 def _shape(value: object) -> object:

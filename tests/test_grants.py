@@ -159,8 +159,8 @@ def test_refused_grants_and_revokes_say_why_and_write_nothing(tmp_path):
         ("memory.grant", "node:self", AuthError, "this node's peer key"),
         ("memory.grant", invite, AuthError, "invite key"),
         ("memory.revoke", str(SigningKey.generate().public), NotGranted, "not in the settings of notes"),
-        ("memory.revoke", "ed25519:not-a-key", ParamsError, "not a public key"),
-        ("memory.revoke", "", ParamsError, "at least 1 character"),
+        ("memory.revoke", "ed25519:not-a-key", ParamsError, "agent must be a key (ed25519: and 43 base64url"),
+        ("memory.revoke", "", ParamsError, "agent must be a key (ed25519: and 43 base64url"),
         ("memory.revoke", "peer:mm-0000000000000000", UnknownName, "memmesh memory grants notes"),
         ("memory.revoke", "nobody", UnknownName, "no agent named 'nobody'"),
         # Refused by the parameters' schema, before any lookup: one clear line.
@@ -210,7 +210,7 @@ async def test_grants_over_http_and_an_empty_or_bad_ref_to_delete_is_4xx(api):  
     assert status == 404 and "not in the settings of notes" in answer["error"]["message"]
 
     before = await api.written()
-    for ref, expected in (("", {400}), ("no\x00bank", {400}), ("x" * 300, {404}), ("sha256:" + "0" * 64, {404})):
+    for ref, expected in (("", {400}), ("no\x00bank", {400}), ("x" * 300, {400}), ("sha256:" + "0" * 64, {404})):
         status, answer, _ = await api.call("POST", "/v1/memory/delete", {"ref": ref}, valid=False)
         assert status in expected, (ref, answer)
         assert "\n" not in answer["error"]["message"]

@@ -312,10 +312,10 @@ def test_share_with_bad_input_writes_nothing(tmp_path):
     before = state()
     with Node.open(home) as node:
         own = str(node.peer_key.public)
-    for args, said in ((["--for", "notakey"], "--for takes a peer key"),
+    for args, said in ((["--for", "notakey"], "recipient must be a public key (ed25519:"),
                        (["--for", own], "--for names this node's own key"),
                        (["--expires", "0"], "must expire in the future"),
-                       (["--expires", "5x"], "a duration looks like")):
+                       (["--expires", "5x"], "expires must be a duration such as 30m")):
         bad = mm("memory", "share", "notes", *args, home=home, check=False)
         assert bad.returncode == 1 and said in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
         assert state() == before, args

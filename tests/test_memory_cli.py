@@ -32,7 +32,7 @@ def test_agents_new_and_list(home):
     dup = mm_here("agent", "new", "beta", home=home, check=False)
     assert dup.returncode == 1 and "already" in dup.stderr
     bad = mm_here("agent", "new", "no spaces", home=home, check=False)
-    assert bad.returncode == 1 and "not valid" in bad.stderr
+    assert bad.returncode == 1 and "name should be 1-64 ASCII letters" in bad.stderr
 
 
 def test_remember_and_recall_shortcuts(home):

@@ -190,4 +190,4 @@ def test_share_from_the_command_line(tmp_path):
     data = json.loads(mm("memory", "share", "notes", "--perm", "read", "--for", other, "--json", home=home).stdout)
     assert decode(data["ticket"]).recipient == other and data["perm"] == "read"
     bad = mm("memory", "share", "notes", "--expires", "5x", home=home, check=False)
-    assert bad.returncode == 1 and "a duration looks like" in bad.stderr
+    assert bad.returncode == 1 and "expires must be a duration such as 30m" in bad.stderr

@@ -124,9 +124,7 @@ def _path_schema(prop: dict[str, Any]) -> dict[str, Any]:
 
 def _body_schema(route: Route) -> tuple[str, dict[str, Any]]:
     """The body's schema and its name in components: the model's, and for a route whose path
-    gives some parameters, the model's without them. The node tolerates a body that repeats
-    one with the path's value, but no schema can say "the same as the path", so the schema
-    publishes the body a client sends: without them."""
+    gives some parameters, the model's without them (a body that names one is refused)."""
     model: type[Params] = route.body  # type: ignore[assignment]
     schema = copy.deepcopy(model.model_json_schema(ref_template=REF))
     name = model.__name__

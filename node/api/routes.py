@@ -14,8 +14,8 @@ another (docs/api.md):
   the operator shortcuts ``remember``, ``recall`` and ``forget`` (the tool routes are the one way), and
   standalone commands (transports of their own, such as ``mcp``).
 
-A path value goes into the parameters; a body that names the same parameter with another
-value is refused. A path parameter ``{tool}`` stands for each tool: one route per tool, whose
+A path value goes into the parameters; a body that names a path parameter is refused (its
+schema has none). A path parameter ``{tool}`` stands for each tool: one route per tool, whose
 body is that tool's arguments.
 """
 from __future__ import annotations
@@ -49,18 +49,15 @@ class Route:
     def params(self, path_values: Mapping[str, str], body: dict[str, Any]) -> dict[str, Any]:
         """The command's parameters: what the route fixes, the path's values, the body."""
         params: dict[str, Any] = dict(self.fixed)
+        # The path gives its parameters and the body the rest, on every route: the body's schema
+        # (OpenAPI, and MCP's for a tool) has no path parameter, so one in the body is refused.
+        given = [name for name in self.path_params if name in body]
+        if given:
+            what = self.fixed.get("tool", self.command.name)
+            raise ParamsError(f"{what}: the path gives {given[0]}, so leave {given[0]} out of the body")
         if self.wrap is not None:
-            # A tool's body is its arguments, the schema MCP publishes too: nothing of the path.
-            given = [name for name in self.path_params if name in body]
-            if given:
-                raise ParamsError(f"{self.fixed.get('tool', self.command.name)}: the path gives {given[0]}; a "
-                                  f"tool's body holds only the tool's arguments, so leave {given[0]} out of it")
-            params[self.wrap] = body
+            params[self.wrap] = body  # a tool's body is its arguments
         else:
-            for name in self.path_params:
-                if name in body and body[name] != path_values[name]:
-                    raise ParamsError(f"{self.command.name}: the path names {name} {path_values[name]!r} and the "
-                                      f"body {body[name]!r}; leave {name} out of the body")
             params.update(body)
         params.update({name: path_values[name] for name in self.path_params})
         return params

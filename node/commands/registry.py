@@ -224,10 +224,7 @@ class Registry:
 
 def _call(handler: Callable[..., Result], cmd: Command, target: Any, parsed: Params,
           events: EventSink | None) -> Result:
-    if cmd.emits_events:
-        result = handler(target, parsed, events=events or _discard)
-    else:
-        result = handler(target, parsed)
+    result = handler(target, parsed, events=events or _discard) if cmd.emits_events else handler(target, parsed)
     # The test suite's: every answer against its published schema (a command registered by a
     # test alone has none; tests/test_answers.py checks that every command of the node has one).
     if os.environ.get(CHECK_ANSWERS_ENV) and cmd.answer is not None:

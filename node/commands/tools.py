@@ -113,11 +113,16 @@ class RememberArgs(Params):
                     "both); without it nothing is saved and the answer names that memory")] = None
 
 
+# A query is a question or a message, not a document: longer ones are refused before any
+# tokenising (the same bound as a chat line).
+MAX_QUERY_CHARS = 16_384
+
+
 class RecallArgs(Params):
     model_config = ConfigDict(populate_by_name=True)
 
     query: Annotated[str, Cli(positional=True), Field(
-        description="what to look for; empty: the newest memories")] = ""
+        max_length=MAX_QUERY_CHARS, description="what to look for; empty: the newest memories")] = ""
     tags: Annotated[list[str], Cli(flag="--tag"), Field(
         description="only memories carrying all these tags (compared case-insensitively)")] = []
     limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description="how many memories at most")] = DEFAULT_LIMIT

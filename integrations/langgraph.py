@@ -43,8 +43,8 @@ docs/integrations.md is the user's guide; the decisions:
 Limits (each refused with one line before anything is written): a namespace of at most
 :data:`MAX_DEPTH` labels whose joined form has at most :data:`MAX_NAMESPACE_CHARS` characters, a
 memory key of at most 512 characters, a value of at most 65,536 characters of JSON; no TTL. A
-search reaches recall's best (or newest) 100 memories, so ``offset + limit`` beyond 100, or a
-filter that keeps few of them, returns fewer; memmesh's policies apply to items as to any memory
+search pages through recall's ranking (best, or newest, first) down to its 1,000th memory, so
+``offset + limit`` beyond that, or a filter that keeps few of them, returns fewer; memmesh's policies apply to items as to any memory
 (a value holding a credential is stored but not returned unless the agent's config sets
 ``include_secrets``; a quarantined writer's items are hidden).
 """
@@ -83,7 +83,7 @@ except ModuleNotFoundError as exc:  # the extra is not installed: say which, in 
 
 from memmesh.node.client import Client, connect
 from memmesh.node.memory.rows import MAX_ENTITIES, MAX_ENTITY_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS
-from memmesh.node.memory.view import MAX_LIMIT
+from memmesh.node.memory.view import MAX_LIMIT, MAX_PAGE_DEPTH
 
 __all__ = ["MAX_DEPTH", "MAX_NAMESPACE_CHARS", "MemmeshStore"]
 
@@ -315,9 +315,10 @@ class MemmeshStore(BaseStore):
 
     # ------------------------------------------------------------------ rows
     def _recall(self, bank: str | None, *, query: str = "", entities: list[str], limit: int,
-                count: bool) -> list[dict[str, Any]]:
+                count: bool, offset: int = 0) -> list[dict[str, Any]]:
         data = self.client.run("recall", {"agent": self.agent, "query": query, "tags": [TAG], "entities": entities,
-                                          "limit": limit, "bank": bank, "no_count": not count}).data
+                                          "limit": limit, "offset": offset, "bank": bank,
+                                          "no_count": not count}).data
         memories: list[dict[str, Any]] = data["memories"]
         return memories
 
@@ -433,16 +434,21 @@ class MemmeshStore(BaseStore):
             return []
         query = op.query or ""
         want = op.offset + op.limit
-        n = MAX_LIMIT if op.filter else min(MAX_LIMIT, want)
         entities = [_in_entity(prefix)] if prefix else []
         found: list[list[SearchItem]] = []
         for bank in self._banks(prefix):
-            items = []
-            for m in self._recall(bank, query=query, entities=entities, limit=n, count=True):
-                item = self._item(m, bank, SearchItem)
-                if item is not None and (not op.filter or _matches(item.value, op.filter)):
-                    assert isinstance(item, SearchItem)
-                    items.append(item)
+            items: list[SearchItem] = []
+            # recall's pages, until enough items pass the filter or the ranking ends (or reaches
+            # the depth recall pages to)
+            for start in range(0, MAX_PAGE_DEPTH, MAX_LIMIT):
+                page = self._recall(bank, query=query, entities=entities, limit=MAX_LIMIT, offset=start, count=True)
+                for m in page:
+                    item = self._item(m, bank, SearchItem)
+                    if item is not None and (not op.filter or _matches(item.value, op.filter)):
+                        assert isinstance(item, SearchItem)
+                        items.append(item)
+                if len(page) < MAX_LIMIT or len(items) >= want:
+                    break
             found.append(items)
         if len(found) == 1:
             merged = found[0]

@@ -328,3 +328,15 @@ def test_a_second_node_that_imported_the_bank_sees_the_items(tmp_path: Path):
             written = on_a.client.call_tool("alpha", "recall", {"query": "push", "bank": "project-notes"})
             assert [m["written_by"] for m in written["memories"]] == [
                 sb.run("agent.list", {}).data["agents"][0]["key"]]  # signed by gamma's key
+
+
+def test_search_pages_past_the_first_hundred_and_filters_over_them(shared_store: MemmeshStore):
+    ns = ("deep", "pages")
+    for i in range(130):
+        shared_store.put(ns, f"item-{i:03d}", {"n": i, "even": i % 2 == 0, "text": f"a fact numbered {i}"})
+    newest = [it.key for it in shared_store.search(ns, limit=100)]
+    deeper = [it.key for it in shared_store.search(ns, limit=50, offset=100)]
+    assert newest + deeper == [f"item-{i:03d}" for i in reversed(range(130))]
+    # a filter keeps items found past recall's first page too
+    odd_low = shared_store.search(ns, filter={"even": False, "n": {"$lt": 20}}, limit=20)
+    assert sorted(it.value["n"] for it in odd_low) == list(range(1, 20, 2))

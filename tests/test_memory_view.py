@@ -410,10 +410,10 @@ def test_erased_payload_leaves_recall(db):
 
 
 # --------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("limit", [0, 101, -1, True, "5", 5.0, None])
+@pytest.mark.parametrize("limit", [0, 1001, -1, True, "5", 5.0, None])
 def test_limit_is_validated(db, limit):
     view = MemoryView(db)
-    with pytest.raises(MemoryInputError, match="limit must be an integer from 1 to 100"):
+    with pytest.raises(MemoryInputError, match="limit must be an integer from 1 to 1000"):
         view.recall("x", limit=limit)
 
 

@@ -52,7 +52,7 @@ from memmesh.node.memory.rows import (
     check_time,
 )
 from memmesh.node.memory.timeline import Filters
-from memmesh.node.memory.view import DEFAULT_LIMIT, MAX_LIMIT
+from memmesh.node.memory.view import DEFAULT_LIMIT, MAX_LIMIT, MAX_PAGE_DEPTH
 from memmesh.node.settings import check_tool
 
 if TYPE_CHECKING:
@@ -126,6 +126,9 @@ class RecallArgs(Params):
     tags: Annotated[list[str], Cli(flag="--tag"), Field(
         description="only memories carrying all these tags (compared case-insensitively)")] = []
     limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description="how many memories at most")] = DEFAULT_LIMIT
+    offset: Annotated[int, Field(ge=0, le=MAX_PAGE_DEPTH - MAX_LIMIT, description=(
+        f"skip this many of the ranked memories first: the next page is offset + limit (offset + limit "
+        f"at most {MAX_PAGE_DEPTH}); pages the memory scope"))] = 0
     bank: OptionalBank = None
     as_of: Annotated[WorldTime, Field(
         description="ISO 8601: what held in the world then, by valid_from/valid_to")] = None
@@ -214,7 +217,7 @@ def _recall(node: Node, agent: Agent, a: RecallArgs, include_superseded: bool = 
     out = {"memories": [], "count": 0, "bank": a.bank or agent.name, "message": "", "warnings": []}
     if "memory" in a.scopes:
         out = node.memory.recall(agent, a.query, a.tags, a.limit, a.bank, include_superseded=include_superseded,
-                                 count=count, filters=a.filters(now_ms()))
+                                 count=count, filters=a.filters(now_ms()), offset=a.offset)
     if "history" in a.scopes:
         from memmesh.node.history.search import search_history  # history is the agent's own conversation
         from memmesh.node.memory.agents import agent_state

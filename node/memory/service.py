@@ -29,13 +29,14 @@ from memmesh.node.memory.embedders import Embedder, EmbedderError
 from memmesh.node.memory.framing import DEFAULT_CONTEXT_WINDOW, budget_chars, fit, memory_line
 from memmesh.node.memory.fusion import decay_factor, decayed, salience_factor
 from memmesh.node.memory.graph import neighbors
+from memmesh.node.memory.input_error import MemoryInputError
 from memmesh.node.memory.labels import Labels, labels_of, tier
 from memmesh.node.memory.rows import MEMORY_STORE, Memory, embedding_value, memory_value
 from memmesh.node.memory.saving import plan_write
 from memmesh.node.memory.scope import by_precedence
 from memmesh.node.memory.timeline import Filters
 from memmesh.node.memory.tokens import autorecall_query_tokens
-from memmesh.node.memory.view import DEFAULT_LIMIT, MAX_LIMIT, MemoryView
+from memmesh.node.memory.view import DEFAULT_LIMIT, MAX_LIMIT, MAX_PAGE_DEPTH, MemoryView
 from memmesh.node.registry import NameError_
 
 log = logging.getLogger(__name__)
@@ -265,16 +266,20 @@ class MemoryService:
         include_superseded: bool = False,
         count: bool = True,
         filters: Filters | None = None,
+        offset: int = 0,
     ) -> dict[str, Any]:
         """Arguments are checked by the recall tool's model and again by the view. ``count``:
-        count this recall in the access counts of the memories it returns (node/memory/access.py)."""
+        count this recall in the access counts of the memories it returns (node/memory/access.py).
+        ``offset``: skip that many of the ranking first (a page: offset + limit <= MAX_PAGE_DEPTH)."""
+        if offset < 0 or offset + limit > MAX_PAGE_DEPTH:
+            raise MemoryInputError(f"offset + limit must be at most {MAX_PAGE_DEPTH}, got {offset} + {limit}")
         target = self.agents.open_for(agent, bank, "read")
         warnings: list[str] = []
         if filters is None:
             filters = Filters(now=now_ms())
         ranking = Ranking.of(agent, agent_state(agent.db, self.settings.defaults()).config)
-        found = self._search(target.db, query, tags, limit, warnings, include_superseded, filters=filters,
-                             ranking=ranking)
+        found = self._search(target.db, query, tags, offset + limit, warnings, include_superseded, filters=filters,
+                             ranking=ranking)[offset:]
         counted = self.access.record([(target.db.id, f.memory.key) for f in found], "recall") if count else {}
         view = self.view(target.db)
         memories = [{**f.memory.to_dict(target.name), **f.fields(), **view.relations(f.memory, filters.as_known_at),
@@ -338,7 +343,6 @@ class MemoryService:
         if not self._reweighs(view, ranking):
             return [self._found(view, m, score, ranking) for m, score in scored(limit)]
         now = filters.now if filters is not None and filters.now is not None else now_ms()
-        found = [self._found(view, m, score, ranking) for m, score in scored(MAX_LIMIT)]
         weights = ranking.weights or {}
         half_lives = ranking.half_lives or {}
 
@@ -347,13 +351,21 @@ class MemoryService:
             weight = weights.get(f.trust, 1.0) * salience_factor(m.importance, m.confidence)
             return weight * decay_factor(now - m.ts, half_life(m, half_lives)) if half_lives else weight
 
-        out = []
-        for f, score in decayed([(f, f.score) for f in found], factor):
-            if factor(f) > 0:  # a weight of 0: never recalled
-                out.append(Found(f.memory, score, f.trust, f.labels))
-            if len(out) == limit:
-                break
-        return out
+        def reweighed(pool: int) -> list[Found]:
+            found = [self._found(view, m, score, ranking) for m, score in scored(pool)]
+            return [Found(f.memory, score, f.trust, f.labels)
+                    for f, score in decayed([(f, f.score) for f in found], factor)
+                    if factor(f) > 0]  # a weight of 0: never recalled
+
+        best = reweighed(MAX_LIMIT)[:limit]
+        if limit <= MAX_LIMIT:
+            return best
+        # A page past the first hundred: the hundred best as above, then the rest of the view's
+        # best MAX_PAGE_DEPTH re-weighed, so that pages put together are one ranking (each row
+        # once) whatever page size walks it.
+        shown = {f.memory.row_key for f in best}
+        rest = [f for f in reweighed(MAX_PAGE_DEPTH) if f.memory.row_key not in shown]
+        return (best + rest)[:limit]
 
     @staticmethod
     def _found(view: MemoryView, m: Any, score: float, ranking: Ranking) -> Found:

@@ -64,12 +64,15 @@ from .timeline import Filters, current_in
 from .tokens import tokenize
 from .view_feed import Past, ViewFeed, locked
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "MemoryView", "RRF_DEPTH"]
+__all__ = ["DEFAULT_LIMIT", "MAX_PAGE_DEPTH", "MAX_LIMIT", "MemoryView", "RRF_DEPTH"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMIT = 10
-MAX_LIMIT = 100
+MAX_LIMIT = 100  # memories one recall answers at most
+# How deep a ranking may be paged (recall's offset + limit): a browser pages through a bank's
+# newest, a store pages through its items; the ranking work stays bounded.
+MAX_PAGE_DEPTH = 1000
 
 _NO_FILTERS = Filters()
 _PAST_CACHE = 8  # pasts kept: two boolean arrays each (over docs, over timeline items)
@@ -150,8 +153,8 @@ class MemoryView(ViewFeed):
             raise MemoryInputError(f"query must be a string, got {type(query).__name__}")
         need = check_filter_tags(tags)
         about = check_filter_tags(filters.entities if filters is not None else (), "entity")
-        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= MAX_LIMIT:
-            raise MemoryInputError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= MAX_PAGE_DEPTH:
+            raise MemoryInputError(f"limit must be an integer from 1 to {MAX_PAGE_DEPTH}, got {limit!r}")
         qv = check_query_vector(query_vector)
         if qv is not None and self._dim is not None and len(qv) != self._dim:
             log.warning("query vector has %d values, the active embeddings store %s holds %d: lexical recall only",

@@ -8,7 +8,7 @@
   const RETRY_MAX_MS = 8000;
   const REFRESH_DELAY_MS = 120; // several events in a burst cost one re-fetch
   const BROWSE_PAGE = 10;
-  const RECALL_MAX = 100; // the recall command's largest limit
+  const RECALL_MAX_OFFSET = 900; // recall's largest offset: a ranking pages down to its 1000th memory
   // Which API answers an event makes stale (the page re-fetches them, never patches numbers).
   const STALE_BY_EVENT = {
     "entry.accepted": ["status", "quarantines"], // a quarantine is an entry too (only read on a bank view)
@@ -581,8 +581,8 @@
     renderBrowse();
     try {
       const data = await api("POST", `/v1/agents/${encodeURIComponent(b.agent)}/tools/recall`,
-        {query: b.query, bank: b.bank, limit: Math.min(RECALL_MAX, (b.page + 1) * BROWSE_PAGE + 1)});
-      b.memories = data.memories || [];
+        {query: b.query, bank: b.bank, limit: BROWSE_PAGE + 1, offset: b.page * BROWSE_PAGE});
+      b.memories = data.memories || []; // this page, and one more to tell whether a next page exists
       b.error = "";
     } catch (e) {
       if (e instanceof Unauthorized) { signOut(e.message); return; }
@@ -623,19 +623,19 @@
     const b = state.browse;
     const list = b.memories || [];
     const start = b.page * BROWSE_PAGE;
-    const shown = list.slice(start, start + BROWSE_PAGE);
+    const shown = list.slice(0, BROWSE_PAGE);
     $("browse-list").replaceChildren(h("ul", {class: "memories"}, shown.map(memoryItem)));
     let note = b.loading ? "searching…" : b.error;
     if (!note && b.memories) {
       note = !list.length ? "no memory matched" : `${b.query ? "best matches" : "newest first"}, ${start + 1}–${start + shown.length}`
         + ` (read as ${b.agent})`;
-      if (list.length >= RECALL_MAX && start + shown.length >= RECALL_MAX - 1) note += `: recall returns at most ${RECALL_MAX}; narrow the search`;
+      if (list.length > BROWSE_PAGE && start + BROWSE_PAGE > RECALL_MAX_OFFSET) note += `: pages reach the first ${RECALL_MAX_OFFSET + BROWSE_PAGE}; narrow the search`;
     }
     $("browse-note").textContent = note || "";
     $("browse-note").className = b.error ? "error" : "note";
     $("browse-page").textContent = b.memories ? `page ${b.page + 1}` : "";
     $("browse-prev").disabled = b.page === 0 || b.loading;
-    $("browse-next").disabled = b.loading || !(list.length > start + BROWSE_PAGE);
+    $("browse-next").disabled = b.loading || list.length <= BROWSE_PAGE || start + BROWSE_PAGE > RECALL_MAX_OFFSET;
   }
 
   // ------------------------------------------------------------------ actions

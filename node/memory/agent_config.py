@@ -68,6 +68,18 @@ class ConfigError(MemmeshError):
     """A config key or value that is not allowed."""
 
 
+def _whole(raw: Any) -> int | None:
+    """A whole number given as a number: 40, or 40.0 (JSON Schema's integer, as every strict
+    model reads it: node/strict.py); None for anything else."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    return None
+
+
 def parse_config_value(name: str, raw: Any) -> Any:
     """Validate a config value (strings from the CLI are converted)."""
     if name not in CONFIG_DEFAULTS:
@@ -82,14 +94,12 @@ def parse_config_value(name: str, raw: Any) -> Any:
             return False
         raise ConfigError(f"{name} is true or false, got {raw!r}")
     if name == "auto_recall_deadline_ms":
-        ms: int | None = None
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            ms = raw
-        elif isinstance(raw, str) and re.fullmatch(r"[0-9]{1,18}", raw.strip()):  # not isdigit(): '²' passes it
+        ms: int | None = _whole(raw)
+        if ms is None and isinstance(raw, str) and re.fullmatch(r"[0-9]{1,18}", raw.strip()):  # not isdigit(): '²' passes it
             ms = int(raw.strip())
         if ms is None or not 0 <= ms <= MAX_DEADLINE_MS:
             raise ConfigError(f"auto_recall_deadline_ms is a whole number of milliseconds from 0 (auto-recall "
-                              f"off) to {MAX_DEADLINE_MS}, got {raw!r}")
+                              f"off) to {MAX_DEADLINE_MS}, got {raw if ms is None else ms!r}")
         return ms
     if name == "trust_weights":
         return _trust_weights(raw)
@@ -99,13 +109,11 @@ def parse_config_value(name: str, raw: Any) -> Any:
             raise ConfigError(f"auto_capture is one of {', '.join(AUTO_CAPTURE_MODES)}, got {raw!r}")
         return mode
     if name == "max_entries":
-        value: int | None = None
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            value = raw
-        elif isinstance(raw, str) and re.fullmatch(r"[+-]?[0-9]{1,18}", raw.strip()):  # not isdigit(): '①' passes it
+        value: int | None = _whole(raw)
+        if value is None and isinstance(raw, str) and re.fullmatch(r"[+-]?[0-9]{1,18}", raw.strip()):  # not isdigit(): '①' passes it
             value = int(raw.strip())
         if value is None or not 1 <= value <= 20:
-            raise ConfigError(f"max_entries is a whole number from 1 to 20, got {raw!r}")
+            raise ConfigError(f"max_entries is a whole number from 1 to 20, got {raw if value is None else value!r}")
         return value
     if name == "half_lives":
         return _half_lives(raw)

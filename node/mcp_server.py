@@ -73,6 +73,7 @@ from memmesh.node.dispatch import run_command
 from memmesh.node.home import Home, HomeBusy, NotInitialised, flock_within
 from memmesh.node.http_guard import bearer_refusal, host_allowed
 from memmesh.node.memory.forgetting import UnknownMemory
+from memmesh.node.memory.view import MAX_LIMIT, MAX_PAGE_DEPTH
 from memmesh.node.refusal import failure, one_line
 
 PROMPT = "relevant_memories"
@@ -256,7 +257,8 @@ def _in_thread(fn: Callable[..., Any]) -> Callable[[Any], Awaitable[Any]]:
 # ---------------------------------------------------------------------- resources, and the names a client may ask for
 BANKS_URI = "memory://"  # the agent's banks: what list_memory_banks answers
 MEMORY_TEMPLATE = "memory://{bank}/{key}"  # one memory; both parts percent-encoded (memory_uri)
-PAGE_SIZE = 100  # memories in one resources/list page at most: recall's own bound (node/memory/view.py MAX_LIMIT)
+PAGE_SIZE = MAX_LIMIT  # memories in one resources/list page at most: one recall's
+MAX_OFFSET = MAX_PAGE_DEPTH - PAGE_SIZE  # how deep the pages of one bank go (recall's offset)
 JSON = "application/json"
 MAX_CURSOR = 2048  # characters: a cursor this server hands out is about a hundred
 GIST = 200  # characters of a memory's value its resources/list entry shows (a value may hold 65,536)
@@ -304,7 +306,8 @@ def _refusal(exc: MemmeshError | OSError, data: dict[str, Any] | None = None) ->
 
 
 class Cursors:
-    """resources/list cursors: the bank the next page lists, signed with a key this process
+    """resources/list cursors: the bank the next page lists and how many of its newest memories
+    the pages before it listed, signed with a key this process
     drew. The client cannot make one up (nor read one: they are opaque), so a cursor that
     fails the check was not handed out by this server (or the server restarted): -32602."""
 
@@ -314,11 +317,11 @@ class Cursors:
     def _mac(self, body: bytes) -> bytes:
         return hmac.new(self._key, body, hashlib.sha256).digest()[:16]
 
-    def make(self, bank: str) -> str:
-        body = json.dumps({"bank": bank}).encode()
+    def make(self, bank: str, offset: int = 0) -> str:
+        body = json.dumps({"bank": bank, "offset": offset}).encode()
         return base64.urlsafe_b64encode(self._mac(body) + body).decode().rstrip("=")
 
-    def read(self, cursor: str) -> str:
+    def read(self, cursor: str) -> tuple[str, int]:
         try:
             if len(cursor) > MAX_CURSOR:
                 raise ValueError(cursor)
@@ -326,11 +329,14 @@ class Cursors:
             mac, body = raw[:16], raw[16:]
             if not hmac.compare_digest(mac, self._mac(body)):
                 raise ValueError(cursor)
-            bank = json.loads(body)["bank"]
+            fields = json.loads(body)
+            bank, offset = fields["bank"], fields["offset"]
+            if not isinstance(bank, str) or not isinstance(offset, int) or not 0 <= offset <= MAX_OFFSET:
+                raise ValueError(cursor)
         except (binascii.Error, ValueError, KeyError, TypeError):
             raise MCPError(INVALID_PARAMS, "resources/list: the cursor is not one this server gave (or it has "
                                            "restarted since); list again without a cursor") from None
-        return cast(str, bank)
+        return bank, offset
 
 
 class AgentResources:
@@ -339,8 +345,9 @@ class AgentResources:
     list_memory_banks, and ``memory://BANK/KEY``, one current memory as recall returns it.
 
     resources/list is paged by bank: the first page holds ``memory://`` and the agent's own
-    database, each next page one bank, and a page at most the PAGE_SIZE newest memories of its
-    bank; older ones are read by their URI (the template). Listing and reading count as
+    database's PAGE_SIZE newest memories, each next page the next PAGE_SIZE of that bank (recall's
+    ``offset``) and then of the next bank, down to a bank's MAX_OFFSET + PAGE_SIZE newest; older
+    ones are read by their URI (the template). Listing and reading count as
     nobody's recall (``no_count``): a client browsing its resources is not the agent using them."""
 
     def __init__(self, home: Path, agent: str, allowed: set[str]) -> None:
@@ -359,8 +366,8 @@ class AgentResources:
     def _banks(self) -> dict[str, Any]:
         return call(self.home, "tool", {"agent": self.agent, "tool": "list_memory_banks", "args": {}}).data
 
-    def _newest(self, bank: str, query: str = "") -> list[dict[str, Any]]:
-        params = {"agent": self.agent, "bank": bank, "query": query, "limit": PAGE_SIZE, "no_count": True}
+    def _newest(self, bank: str, offset: int = 0) -> list[dict[str, Any]]:
+        params = {"agent": self.agent, "bank": bank, "limit": PAGE_SIZE, "offset": offset, "no_count": True}
         return cast(list[dict[str, Any]], call(self.home, "recall", params).data["memories"])
 
     def _memory(self, bank: str, key: str) -> dict[str, Any]:
@@ -382,7 +389,7 @@ class AgentResources:
     # the handlers
     async def list_resources(self, ctx: Any, params: wire.PaginatedRequestParams | None) -> wire.ListResourcesResult:
         cursor = params.cursor if params is not None else None
-        bank = None if cursor is None else self.cursors.read(cursor)
+        bank, offset = (None, 0) if cursor is None else self.cursors.read(cursor)
         names = ([b["name"] for b in (await self._run(self._banks))["banks"]] if self.lists_banks
                  else [self.agent])  # its own database, which it always reads
         resources: list[wire.Resource] = []
@@ -400,11 +407,17 @@ class AgentResources:
                                                     f"{bank!r}, where the cursor resumes; list again without a cursor"))
         if not self.recalls or at >= len(names):
             return wire.ListResourcesResult(resources=resources)
+        page = await self._run(self._newest, names[at], offset)
         resources += [wire.Resource(uri=memory_uri(names[at], m["key"]), name=m["key"], mime_type=JSON,
                                     description=_gist(m["value"]), annotations=wire.Annotations(last_modified=m["time"]))
-                      for m in await self._run(self._newest, names[at])]
-        more = at + 1 < len(names)
-        return wire.ListResourcesResult(resources=resources, next_cursor=self.cursors.make(names[at + 1]) if more else None)
+                      for m in page]
+        # A full page may have more after it (an empty next page then moves on to the next bank).
+        following: str | None
+        if len(page) == PAGE_SIZE and offset + PAGE_SIZE <= MAX_OFFSET:
+            following = self.cursors.make(names[at], offset + PAGE_SIZE)
+        else:
+            following = self.cursors.make(names[at + 1]) if at + 1 < len(names) else None
+        return wire.ListResourcesResult(resources=resources, next_cursor=following)
 
     async def list_templates(self, ctx: Any, params: wire.PaginatedRequestParams | None
                              ) -> wire.ListResourceTemplatesResult:

@@ -340,13 +340,23 @@ def _sql(home: Path, statement: str, *args: object) -> None:
     raw = sqlite3.connect(home / "node.sqlite")
     raw.execute(statement, args)
     raw.commit()
+
+
+def _flip(home: Path, table: str, column: str, where: str, arg: object, at: int) -> None:
+    """Change byte ``at`` of one stored blob to a different byte whatever it held (writing a
+    fixed byte changed nothing when the byte, a timestamp's say, already was that one)."""
+    raw = sqlite3.connect(home / "node.sqlite")
+    [(blob,)] = raw.execute(f"SELECT {column} FROM {table} WHERE {where}", (arg,)).fetchall()
+    damaged = bytearray(blob)
+    damaged[at] ^= 0xFF
+    raw.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", (bytes(damaged), arg))
+    raw.commit()
     raw.close()
 
 
 def test_a_damaged_entry_header(home: Path) -> None:
     db_id, ids = _alpha_entries(home)
-    _sql(home, "UPDATE entries SET header = CAST(substr(header, 1, 40) || 'X' || substr(header, 42) AS BLOB) "
-               "WHERE id = ?", ids[-1])
+    _flip(home, "entries", "header", "id = ?", ids[-1], 40)
     assert recall_error(home) == (
         f"{home / 'node.sqlite'} is damaged: database {short(db_id)} has 1 damaged stored entry (the first, "
         f"{short(ids[-1])}: its header bytes no longer hash to its id); {DB_REPAIR}")
@@ -354,8 +364,8 @@ def test_a_damaged_entry_header(home: Path) -> None:
 
 def test_a_damaged_payload(home: Path) -> None:
     db_id, ids = _alpha_entries(home)
-    _sql(home, "UPDATE payloads SET data = CAST(substr(data, 1, 30) || 'X' || substr(data, 32) AS BLOB) "
-               "WHERE entry = (SELECT seq FROM entries WHERE id = ?) AND store = 'memory'", ids[-1])
+    _flip(home, "payloads", "data", "entry = (SELECT seq FROM entries WHERE id = ?) AND store = 'memory'",
+          ids[-1], 30)
     line = recall_error(home)
     assert line.startswith(f"{home / 'node.sqlite'} is damaged: database {short(db_id)} has 1 damaged stored "
                            f"entry (the first, {short(ids[-1])}: ")
@@ -408,8 +418,7 @@ def _serve(home: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_serve_refuses_a_damaged_home(home: Path) -> None:
     db_id, ids = _alpha_entries(home)
-    _sql(home, "UPDATE entries SET header = CAST(substr(header, 1, 40) || 'X' || substr(header, 42) AS BLOB) "
-               "WHERE id = ?", ids[-1])
+    _flip(home, "entries", "header", "id = ?", ids[-1], 40)
     proc = _serve(home)
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [(

@@ -282,8 +282,7 @@ class MemoryService:
                              ranking=ranking)[offset:]
         counted = self.access.record([(target.db.id, f.memory.key) for f in found], "recall") if count else {}
         view = self.view(target.db)
-        memories = [{**f.memory.to_dict(target.name), **f.fields(), **view.relations(f.memory, filters.as_known_at),
-                     **(counted.get((target.db.id, f.memory.key)) or self.access.get(target.db.id, f.memory.key)).fields()}
+        memories = [self._element(view, target, f, filters.as_known_at, counted.get((target.db.id, f.memory.key)))
                     for f in found]
         if memories:
             message = f"Found {len(memories)} memor{'y' if len(memories) == 1 else 'ies'}"
@@ -311,10 +310,23 @@ class MemoryService:
         if m is None:
             return target.name, None
         found = self._found(view, m, 0.0, ranking)
-        if (ranking.weights or {}).get(found.trust, 1.0) * salience_factor(m.importance, m.confidence) <= 0:
+        if self._weight(found, ranking) <= 0:
             return target.name, None  # a weight of 0: recall never returns it
-        return target.name, {**m.to_dict(target.name), **found.fields(), **view.relations(m),
-                             **self.access.get(target.db.id, m.key).fields()}
+        return target.name, self._element(view, target, found)
+
+    def _element(self, view: MemoryView, target: Any, f: Found, as_known_at: Any = None,
+                 counted: Any = None) -> dict[str, Any]:
+        """One memory as recall answers it: the row, its tier and labels, its relations, its
+        access counts (``counted``: this recall's, already recorded)."""
+        access = counted or self.access.get(target.db.id, f.memory.key)
+        return {**f.memory.to_dict(target.name), **f.fields(), **view.relations(f.memory, as_known_at),
+                **access.fields()}
+
+    @staticmethod
+    def _weight(f: Found, ranking: Ranking) -> float:
+        """The row's trust weight times its importance and confidence (0: never recalled)."""
+        m = f.memory
+        return (ranking.weights or {}).get(f.trust, 1.0) * salience_factor(m.importance, m.confidence)
 
     def _search(self, db: Database, query: str, tags: Sequence[str], limit: int,
                 warnings: list[str], include_superseded: bool = False,
@@ -343,12 +355,11 @@ class MemoryService:
         if not self._reweighs(view, ranking):
             return [self._found(view, m, score, ranking) for m, score in scored(limit)]
         now = filters.now if filters is not None and filters.now is not None else now_ms()
-        weights = ranking.weights or {}
         half_lives = ranking.half_lives or {}
 
         def factor(f: Found) -> float:
+            weight = self._weight(f, ranking)
             m = f.memory
-            weight = weights.get(f.trust, 1.0) * salience_factor(m.importance, m.confidence)
             return weight * decay_factor(now - m.ts, half_life(m, half_lives)) if half_lives else weight
 
         def reweighed(pool: int) -> list[Found]:

@@ -10,8 +10,12 @@ file, real pycrdt documents):
 * local_commit_entries_per_s  local writes: one memory row each, signed, validated, committed
 * remote_apply_entries_per_s  received entries validated, stored and applied (to the store's
                               pycrdt document and the row listeners), fed in batches of 500
+                              through Database.ingest_batches: the signatures of batch n+1 are
+                              checked (by the signature worker process) while batch n is applied,
+                              as the sync client does for the chunks of a pulled page
+* remote_apply_per_verify     remote_apply_entries_per_s / ed25519_verify_per_s of the same run
 
-Target (issue 2): remote_apply_entries_per_s >= 0.6 x ed25519_verify_per_s.
+Target (issue 23): remote_apply_per_verify >= 1.0 (issue 2 asked 0.6).
 """
 from __future__ import annotations
 
@@ -31,11 +35,20 @@ from _common import machine  # noqa: E402,F401  (re-exported: other benches impo
 from memmesh.auth.keys import DOMAIN_ENTRY, SigningKey  # noqa: E402
 from memmesh.auth.ops import GrantOp  # noqa: E402
 from memmesh.crdt.database import Database  # noqa: E402
+from memmesh.crdt.verify_process import shared_worker  # noqa: E402
 from memmesh.crdt.yjs import decode_append_update, encode_rows  # noqa: E402
 from memmesh.node.storage import SqliteStorage  # noqa: E402
 
 TEXT = ("The deploy process uses nix build and then copies the closure to prod; "
         "remember to push the cache afterwards and tag the release.")
+
+
+def _loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages: other work on a shared machine moves the figures."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
 
 
 def _rate(n: int, seconds: float) -> float:
@@ -81,10 +94,10 @@ def bench_remote(tmp: Path, source: Database, batch: int) -> tuple[float, int]:
     db = Database(storage, source.id)
     db.ingest(entries[:2])  # root and grant: not part of the steady state
     db.doc("memory")  # materialise the pycrdt document, so that applying to it is measured
+    shared_worker().start()  # a node starts its signature worker once; its start is not ingest
     rest = entries[2:]
     t = time.perf_counter()
-    for i in range(0, len(rest), batch):
-        result = db.ingest(rest[i:i + batch])
+    for result in db.ingest_batches(rest[i:i + batch] for i in range(0, len(rest), batch)):
         if result.rejected or result.pending:
             raise SystemExit(f"bench: entries refused: {result.rejected[:3]}")
     rate = _rate(len(rest), time.perf_counter() - t)
@@ -119,15 +132,19 @@ def main() -> int:
         "remote_apply_entries_per_s": round(remote),
         "remote_over_verify": round(remote / verify, 3),
         "target_remote_over_verify": 0.6,
+        "remote_apply_per_verify": round(remote / verify, 3),
+        "target_remote_apply_per_verify": 1.0,
+        "loadavg_end": _loadavg(),
     }
     rows = [
         ("ed25519_verify_per_s", results["ed25519_verify_per_s"]),
         ("yjs_decode_per_s", results["yjs_decode_per_s"]),
         ("local_commit_entries_per_s", results["local_commit_entries_per_s"]),
         ("remote_apply_entries_per_s", results["remote_apply_entries_per_s"]),
-        ("remote / verify (target >= 0.6)", results["remote_over_verify"]),
+        ("remote_apply_per_verify (>= 1.0)", results["remote_apply_per_verify"]),
     ]
-    print(f"memmesh core benchmark  {results['date']}  {results['machine']['cpu']} x{results['machine']['cores']}")
+    print(f"memmesh core benchmark  {results['date']}  {results['machine']['cpu']} x{results['machine']['cores']}"
+          f"  load {' '.join(map(str, results['loadavg_end']))}")
     print(f"{'metric':<34}{'value':>14}")
     for name, value in rows:
         print(f"{name:<34}{value:>14,}" if isinstance(value, int) else f"{name:<34}{value:>14}")

@@ -41,7 +41,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pycrdt
@@ -58,6 +58,7 @@ from memmesh.crdt.ingest import IngestPipeline, Received
 from memmesh.crdt.loading import UNREADABLE, read_log, unreadable
 from memmesh.crdt.log_index import IndexedEntry, LogIndex
 from memmesh.crdt.observers import Observers, OutcomeListener, RowListener, StoredListener
+from memmesh.crdt.open_marks import write_marks
 from memmesh.crdt.pending import PendingArea, PendingLimits
 from memmesh.crdt.records import (  # noqa: F401  (re-exported: the database's public records)
     MAX_UNACCEPTED_BYTES,
@@ -82,6 +83,7 @@ from memmesh.crdt.refusals import Refusal, RefusalLog
 from memmesh.crdt.storage import Storage, StoredEntry
 from memmesh.crdt.transaction import Transaction, sign_local
 from memmesh.crdt.validity import AuthSettings, Verdict
+from memmesh.crdt.verify_pipeline import AheadVerifier
 from memmesh.crdt.yjs import encode_rows
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,7 @@ class Database:
         self._clock = clock or now_ms  # the informational ts of local entries, the pending TTL
         self._refusals = RefusalLog(storage, db_id)
         self._pending = PendingArea(storage, db_id, pending_limits, self._clock)
+        self._ahead = AheadVerifier()
         self._reset()
 
     # ----------------------------------------------------------------- creation and loading
@@ -155,18 +158,19 @@ class Database:
         self._derived = DerivedState(self.storage, self.id, self._log, self._observers.emit)
         self._pipeline = IngestPipeline(
             storage=self.storage, db_id=self.id, index=self._log, derived=self._derived, pending=self._pending,
-            refusals=self._refusals, observers=self._observers, reload=self._load,
+            refusals=self._refusals, observers=self._observers, reload=self._load, ahead=self._ahead,
         )
 
     def _load(self) -> None:
         """Rebuild every piece of derived state from what storage holds."""
         with _gc_paused():
             self._reset()
-            order = read_log(self.storage, self.id, self._log)
+            read = read_log(self.storage, self.id, self._log)
             self._derived.rebuild_verdicts()
             self._derived.recompute_erasure()
             self._pipeline.recount()
-            self._derived.show_loaded(order)
+            self._derived.show_loaded(read.order)
+            write_marks(self.storage, self.id, read.new_marks)
             try:
                 self._pipeline.load_pending()
             except UNREADABLE as exc:
@@ -189,6 +193,28 @@ class Database:
         source and refusals are counted per source.
         """
         return self._pipeline.ingest(items, source=source)
+
+    def verify_ahead(self, items: Sequence[Received]) -> None:
+        """Start checking the signatures of entries a later ``ingest`` will be given (the next
+        batch, while this one is ingested); returns at once. Only a hint: ``ingest`` decides
+        exactly as without it, and verifies whatever was not checked ahead."""
+        self._pipeline.verify_ahead(items)
+
+    def ingest_batches(self, batches: Iterable[Sequence[Received]], *, source: str = "") -> Iterator[IngestResult]:
+        """``ingest`` of each batch in turn, yielding each result; the signatures of batch n+1
+        are checked (``verify_ahead``) while batch n is decoded, stored and applied."""
+        it = iter(batches)
+        current = next(it, None)
+        if current is not None:
+            # Half of the first batch goes to the worker ahead of the second, the other half is
+            # checked here meanwhile: both cores from the start.
+            self.verify_ahead(current[:len(current) // 2])
+        while current is not None:
+            following = next(it, None)
+            if following is not None:
+                self.verify_ahead(following)
+            yield self.ingest(current, source=source)
+            current = following
 
     def ingest_entries(self, entries: Sequence[Entry], *, source: str = "") -> IngestResult:
         """Like ingest, for entries already decoded by decode_entry (e.g. built locally)."""
@@ -360,6 +386,15 @@ class Database:
     def rows(self, store: str) -> list[RowRecord]:
         """Every row of the store that is shown (accepted, payload held, not erased), in T order."""
         return self._derived.rows(store)
+
+    def shown_entries(self, store: str) -> set[str]:
+        """The entries whose rows of ``store`` are shown now (accepted, payload held, not
+        erased): a reader that kept rows can tell which it may keep and which are new."""
+        return self._derived.shown_entries(store)
+
+    def rows_of(self, store: str, entry_ids: Iterable[str]) -> list[RowRecord]:
+        """:meth:`rows` of these entries only (the shown ones), in T order."""
+        return self._derived.rows_of(store, entry_ids)
 
     def small_rows(self, store: str) -> list[RowRecord]:
         """:meth:`rows` of a store that is small but read often (an agent's config), kept in

@@ -7,14 +7,16 @@ entries already applied change; otherwise kept up to date entry by entry (``appl
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pycrdt
 
 from memmesh.auth.permissions import ADMIN, WRITE, Permission
-from memmesh.crdt.log_index import IndexedEntry, LogIndex
+from memmesh.crdt.log_index import DECODED_ON_OPEN, IndexedEntry, LogIndex
+from memmesh.crdt.open_marks import read_marks, write_marks
 from memmesh.crdt.records import META, RowRecord, RowsAdded, _apply_to
+from memmesh.crdt.row_keys import KeyRange, LiveKeys, ShownKeys
 from memmesh.crdt.storage import Storage
 from memmesh.crdt.validity import AuthSettings, Evaluator, Event, Verdict
 from memmesh.crdt.yjs import Row, decode_append_update
@@ -45,7 +47,7 @@ class DerivedState:
         self._small_rows: dict[str, list[RowRecord]] = {}  # store -> its rows (small_rows)
         self._docs: dict[str, pycrdt.Doc[pycrdt.Map[Any]]] = {}
         self._erased: set[tuple[str, str, str]] = set()  # (entry, store, author) of accepted erases
-        self._live: dict[str, set[str]] | None = {}  # store -> row keys shown; None: recompute
+        self._live: dict[str, LiveKeys] | None = {}  # store -> row keys shown; None: recompute
         self._hidden: set[tuple[str, str]] = set()  # (entry, store): rows repeat keys already shown
 
     # ----------------------------------------------------------------------- verdicts
@@ -137,39 +139,61 @@ class DerivedState:
 
     def show(self, node: IndexedEntry, rows: Mapping[str, tuple[Row, ...]]) -> dict[str, tuple[Row, ...]]:
         """Record which of a node's rows are shown (in storage order); returns them by store."""
-        assert self._live is not None
         shown: dict[str, tuple[Row, ...]] = {}
-        if not self.applies(node):
-            return shown
-        for store, store_rows in rows.items():
-            if store in self._index.absent(node.entry.id):
-                continue
-            live = self._live.setdefault(store, set())
-            if any(r.key in live for r in store_rows):
-                self._hidden.add((node.entry.id, store))
-                continue
-            live.update(r.key for r in store_rows)
-            shown[store] = store_rows
+        for store in self._show_keys(node, rows):
+            shown[store] = rows[store]
         return shown
 
-    def show_loaded(self, order: Sequence[tuple[IndexedEntry, Mapping[str, tuple[Row, ...]]]]) -> None:
+    def _show_keys(self, node: IndexedEntry, rows: Mapping[str, ShownKeys]) -> list[str]:
+        """Record which of a node's stores are shown, from their rows' keys; returns them."""
+        assert self._live is not None
+        shown: list[str] = []
+        if not self.applies(node):
+            return shown
+        stores = node.entry.stores
+        for store, keys in rows.items():
+            if store in self._index.absent(node.entry.id):
+                continue
+            live = self._live.get(store)
+            if live is None:
+                live = self._live[store] = LiveKeys()
+            if not live.add_if_new(keys, stores[store].client):
+                self._hidden.add((node.entry.id, store))
+                continue
+            shown.append(store)
+        return shown
+
+    def show_loaded(self, order: Sequence[tuple[IndexedEntry, Mapping[str, ShownKeys]]]) -> None:
         """Which rows are shown, from the entries just read from the log (in storage order)."""
         self._live = {}
         for node, rows in order:
-            self.show(node, rows)
+            self._show_keys(node, rows)
 
     def ensure_live(self) -> None:
+        """Which rows are shown, derived anew (after verdicts changed): a payload marked as
+        checked (crdt/open_marks.py) is known by its key range, the others are decoded."""
         if self._live is not None:
             return
         self._live = {}
         self._hidden = set()
-        for stored in self._storage.entries(self._db_id):
+        marks = read_marks(self._storage, self._db_id)
+        decoded = sorted({store for node in self._index.nodes.values() if self.applies(node)
+                          for store in node.entry.stores
+                          if store in DECODED_ON_OPEN or store not in marks.get(node.entry.id, ())})
+        for stored in self._storage.entries(self._db_id, stores=decoded):
             node = self._index.get(stored.id)
             if node is None or not self.applies(node):
                 continue
-            rows = {store: decode_append_update(update, root=store, client=node.entry.stores[store].client).rows
-                    for store, update in stored.payloads.items() if update is not None}
-            self.show(node, rows)
+            marked = marks.get(stored.id, frozenset())
+            rows: dict[str, ShownKeys] = {}
+            for store, desc in sorted(node.entry.stores.items()):
+                if store in marked and store not in DECODED_ON_OPEN:
+                    rows[store] = KeyRange(desc.client, desc.clock, desc.clock_len)
+                    continue
+                update = stored.payloads.get(store)
+                if update is not None:
+                    rows[store] = decode_append_update(update, root=store, client=desc.client).rows
+            self._show_keys(node, rows)
 
     def invalidate(self) -> None:
         """Verdicts of applied entries changed: shown rows and documents are derived anew when read."""
@@ -187,6 +211,9 @@ class DerivedState:
                 doc = self._docs.get(store)
                 if doc is not None:
                     _apply_to(doc, store, desc, None, False)
+        # Every payload stored by this ingest passed its checks: recorded, open skips them.
+        write_marks(self._storage, self._db_id, self._index.take_fresh_marks(
+            [n.entry.id for n in gc_fill] + [n.entry.id for n, _r, _p in applied]))
         by_store: dict[str, list[RowRecord]] = {}
         for node, rows, payloads in applied:
             shown = self.show(node, rows)
@@ -216,6 +243,30 @@ class DerivedState:
             update = stored.payloads.get(store)
             node = self._index.get(stored.id)
             if update is None or node is None or not self.visible(node, store):
+                continue
+            client = node.entry.stores[store].client
+            out.extend(self._records(store, node, decode_append_update(update, root=store, client=client).rows))
+        out.sort(key=lambda r: r.order)
+        return out
+
+    def shown_entries(self, store: str) -> set[str]:
+        """The entries whose rows of ``store`` are shown (what :meth:`rows` reads them from)."""
+        self.ensure_live()
+        return {node.entry.id for node in self._index.nodes.values()
+                if store in node.entry.stores and self.visible(node, store)}
+
+    def rows_of(self, store: str, entry_ids: Iterable[str]) -> list[RowRecord]:
+        """The shown rows of ``store`` that these entries hold, in T order (rows of an entry
+        not shown, or not held, are left out): :meth:`rows` for a few entries, read one by one."""
+        self.ensure_live()
+        out: list[RowRecord] = []
+        for entry_id in entry_ids:
+            node = self._index.get(entry_id)
+            if node is None or store not in node.entry.stores or not self.visible(node, store):
+                continue
+            stored = self._storage.get(self._db_id, entry_id)
+            update = None if stored is None else stored.payloads.get(store)
+            if update is None:
                 continue
             client = node.entry.stores[store].client
             out.extend(self._records(store, node, decode_append_update(update, root=store, client=client).rows))

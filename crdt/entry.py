@@ -16,9 +16,7 @@ Checks that need state (parents, feed order, authorisation, Yjs shapes) live in 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -27,6 +25,7 @@ import msgpack
 from memmesh.auth.keys import DOMAIN_ENTRY, SigningKey, public_key_str, verify
 from memmesh.crdt import verifystats
 from memmesh.crdt.errors import EntryRejected
+from memmesh.crdt.verify_process import verify_split
 
 FORMAT_VERSION = 1
 ID_PREFIX = "sha256:"
@@ -324,47 +323,31 @@ def signature_ok(entry: Entry) -> bool:
     return verify(entry.author, DOMAIN_ENTRY, entry.header[1:-66], entry.header[-64:])
 
 
-# Ed25519 verification releases the GIL, so the signatures of a batch of received entries are
-# checked on every core at once. Small batches are not worth the hand-off.
-_POOL: ThreadPoolExecutor | None = None
-_POOL_MIN_BATCH = 16
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="memmesh-verify")
-    return _POOL
-
-
-def _verify_chunk(entries: list[Entry]) -> list[bool]:
-    return [signature_ok(e) for e in entries]
-
-
-def decode_many(
+def decode_unverified(
     items: Sequence[tuple[bytes, Mapping[str, bytes | None] | None]], *, expected_db: str | None = None
 ) -> list[Entry | EntryRejected]:
-    """decode_entry for a batch, signatures checked in parallel; one result per item, in order."""
+    """decode_entry of each item without its signature (the caller checks those); one result per
+    item, in order: the entry or why it is refused."""
     out: list[Entry | EntryRejected] = []
     for header, payloads in items:
         try:
             out.append(decode_entry(header, payloads, expected_db=expected_db, verify_signature=False))
         except EntryRejected as exc:
             out.append(exc)
+    return out
+
+
+def decode_many(
+    items: Sequence[tuple[bytes, Mapping[str, bytes | None] | None]], *, expected_db: str | None = None
+) -> list[Entry | EntryRejected]:
+    """decode_entry for a batch, signatures checked on two cores; one result per item, in order.
+
+    Unlike decode_entry, the database is checked before the signature (as for every batch).
+    """
+    out = decode_unverified(items, expected_db=expected_db)
     parsed = [(i, e) for i, e in enumerate(out) if isinstance(e, Entry)]
-    started = verifystats.clock()
-    if len(parsed) < _POOL_MIN_BATCH:
-        oks = [signature_ok(e) for _, e in parsed]
-    else:
-        # One task per chunk (ThreadPoolExecutor.map ignores chunksize: a future per entry
-        # would cost as much as the verification it spreads).
-        entries = [e for _, e in parsed]
-        n = 2 * (os.cpu_count() or 2)
-        size = -(-len(entries) // n)
-        chunks = [entries[k:k + size] for k in range(0, len(entries), size)]
-        oks = [ok for part in _pool().map(_verify_chunk, chunks) for ok in part]
-    if parsed:
-        verifystats.VERIFIED.add(len(parsed), verifystats.clock() - started)
+    # cryptography's Ed25519 holds the GIL: a large batch is split with the worker process.
+    oks = verify_split([(e.author, e.header[1:-66], e.header[-64:]) for _, e in parsed])
     for (i, _), ok in zip(parsed, oks):
         if not ok:
             out[i] = _reject("entry.signature", "signature does not verify for the author's key")

@@ -19,7 +19,7 @@ from typing import Literal
 from memmesh.auth.permissions import holds
 from memmesh.crdt.candidates import UnacceptedTally
 from memmesh.crdt.derived import Applied, DerivedState, event_of
-from memmesh.crdt.entry import Entry, decode_entry, decode_many, id_of
+from memmesh.crdt.entry import Entry, decode_entry, id_of
 from memmesh.crdt.erasure import ERASE, UNERASABLE, EraseOp
 from memmesh.crdt.errors import AuthError, EntryRejected, MemmeshError, PendingFullError, RejectedError, StorageError
 from memmesh.crdt.log_index import IndexedEntry, LogIndex
@@ -37,6 +37,7 @@ from memmesh.crdt.records import (
 )
 from memmesh.crdt.refusals import RefusalLog
 from memmesh.crdt.storage import Storage, StoredEntry
+from memmesh.crdt.verify_pipeline import AheadVerifier
 from memmesh.crdt.yjs import Row
 
 log = logging.getLogger("memmesh.crdt.database")
@@ -70,8 +71,10 @@ class IngestPipeline:
 
     def __init__(self, *, storage: Storage, db_id: str, index: LogIndex, derived: DerivedState,
                  pending: PendingArea, refusals: RefusalLog, observers: Observers,
-                 reload: Callable[[], None]) -> None:
-        """``reload`` rebuilds everything in memory from the log: what a failed commit leaves."""
+                 reload: Callable[[], None], ahead: AheadVerifier | None = None) -> None:
+        """``reload`` rebuilds everything in memory from the log: what a failed commit leaves.
+        ``ahead`` holds the signatures checked ahead of their batch (it outlives a reload:
+        a verdict is a function of the header's bytes alone)."""
         self._storage = storage
         self._db_id = db_id
         self._index = index
@@ -80,6 +83,7 @@ class IngestPipeline:
         self._refusals = refusals
         self._observers = observers
         self._reload = reload
+        self._ahead = ahead or AheadVerifier()
         self._unaccepted = UnacceptedTally()
         # Erases still waiting in the pending area cover too: an erase is usually a descendant
         # of what it erases, so the header-only target must not wait for it (nor it for them).
@@ -93,6 +97,11 @@ class IngestPipeline:
             return self._ingest_received(batch, source)
         with _gc_paused():
             return self._ingest_received(batch, source)
+
+    def verify_ahead(self, items: Sequence[Received]) -> None:
+        """Start checking the signatures of entries that a later ``ingest`` will take; see
+        crdt/verify_pipeline.py. Only bytes are looked at: nothing is decided, stored or applied."""
+        self._ahead.ahead(items)
 
     def ingest_entries(self, entries: Sequence[Entry], *, source: str = "") -> IngestResult:
         """Entries already decoded by decode_entry (e.g. built locally)."""
@@ -128,8 +137,9 @@ class IngestPipeline:
         entries: list[Entry] = []
         result = IngestResult()
         refused: list[tuple[str, str, str]] = []
-        # Signatures of the whole batch are checked first, on every core (decode_many).
-        for (header, _payloads), item in zip(batch, decode_many(batch, expected_db=self._db_id)):
+        # Every signature of the batch is known before anything of it is decided: those checked
+        # ahead (verify_ahead) are taken, the others checked now (decode_many's results).
+        for (header, _payloads), item in zip(batch, self._ahead.decode(batch, expected_db=self._db_id)):
             if isinstance(item, Entry):
                 entries.append(item)
             else:

@@ -4,17 +4,22 @@ damaged or unreadable log is reported with.
 Everything in storage passed the whole pipeline before it was written, so signatures are not
 checked again (that would be most of the cost of opening a database). Hashes are: an entry's id
 is the sha256 of its header, which holds its payloads' digests, so any change to stored bytes
-shows, for about one hash per entry (crdt/stored_check.py).
+shows, for about one hash per entry (crdt/stored_check.py). Payloads that passed the shape
+checks before are not decoded again (crdt/open_marks.py): their bytes still hash to the digest
+the header signs, so they are the bytes that passed.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
 
 from memmesh.crdt.errors import DamagedError, StorageError
 from memmesh.crdt.log_index import IndexedEntry, LogIndex
-from memmesh.crdt.storage import Storage
+from memmesh.crdt.open_marks import read_marks
+from memmesh.crdt.prefetch import prefetched
+from memmesh.crdt.row_keys import ShownKeys
+from memmesh.crdt.storage import Storage, StoredEntry
 from memmesh.crdt.stored_check import Damage, check_stored
-from memmesh.crdt.yjs import Row
 
 REPAIR = ("run: memmesh check --repair (it fetches damaged entries again from peers), "
           "or restore a backup (memmesh restore)")
@@ -23,7 +28,16 @@ REPAIR = ("run: memmesh check --repair (it fetches damaged entries again from pe
 # where bytes or text were stored.
 UNREADABLE = (StorageError, TypeError, ValueError)
 
-Loaded = list[tuple[IndexedEntry, Mapping[str, tuple[Row, ...]]]]
+Loaded = list[tuple[IndexedEntry, Mapping[str, ShownKeys]]]
+
+
+@dataclass
+class ReadLog:
+    """What reading the log gives: the entries with their rows' keys, in storage order, and
+    the checked marks to record for payloads checked in full now."""
+
+    order: Loaded = field(default_factory=list)
+    new_marks: dict[str, set[str]] = field(default_factory=dict)
 
 
 def short(entry_id: str) -> str:
@@ -46,19 +60,22 @@ def unreadable(storage: Storage, db_id: str, exc: BaseException) -> DamagedError
     return DamagedError(f"{where(storage)}: database {short(db_id)} cannot be read ({one_line(exc)}); {REPAIR}")
 
 
-def read_log(storage: Storage, db_id: str, index: LogIndex) -> Loaded:
-    """Index every stored entry; returns them with their rows, in storage order.
+def read_log(storage: Storage, db_id: str, index: LogIndex) -> ReadLog:
+    """Index every stored entry; returns them with their rows' keys, in storage order.
 
     Raises DamagedError naming the first damaged entry when any is: nothing is applied from a
     damaged database (the index is left partial, and the caller does not use it).
     """
-    order: Loaded = []
+    out = ReadLog()
+    marks = read_marks(storage, db_id)
     damaged: list[Damage] = []
     dependent = 0  # intact entries that descend from a damaged one
     seen: set[str] = set()  # intact entries read so far
     lost: set[str] = set()  # entries that cannot be applied: damaged, or descending from one
+    stored: Generator[StoredEntry, None, None] | None = None  # closed on every way out: its thread stops
     try:
-        for s in storage.entries(db_id):
+        stored = prefetched(storage.entries(db_id))
+        for s in stored:
             try:
                 checked = check_stored(s, db_id)
             except (TypeError, ValueError) as exc:  # a value of the wrong type where bytes were stored
@@ -79,9 +96,16 @@ def read_log(storage: Storage, db_id: str, index: LogIndex) -> Loaded:
                 continue
             seen.add(checked.id)
             if not damaged:  # nothing is applied from a damaged database: past that, only count
-                order.append(index.index_stored(checked))
+                marked = marks.get(checked.id, frozenset())
+                node, rows, fresh = index.index_stored(checked, marked)
+                out.order.append((node, rows))
+                if fresh:
+                    out.new_marks[checked.id] = fresh | marked
     except UNREADABLE as exc:
         raise unreadable(storage, db_id, exc) from exc
+    finally:
+        if stored is not None:
+            stored.close()
     if damaged:
         first = damaged[0]
         n = len(damaged)
@@ -91,4 +115,4 @@ def read_log(storage: Storage, db_id: str, index: LogIndex) -> Loaded:
             f"entr{'y' if n == 1 else 'ies'} (the first, {short(first.entry_id)}: {one_line(first.detail)}){more}; "
             f"{REPAIR}"
         )
-    return order
+    return out

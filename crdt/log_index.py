@@ -14,16 +14,21 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from memmesh.auth.ops import GrantOp, RevokeOp
-from memmesh.crdt.entry import Entry
-from memmesh.crdt.erasure import UNERASABLE, EraseOp
+from memmesh.crdt.entry import Entry, StoreDescriptor
+from memmesh.crdt.erasure import ERASE, UNERASABLE, EraseOp
 from memmesh.crdt.errors import EntryRejected, RejectedError
-from memmesh.crdt.records import _NO_PAYLOADS, _with_payloads, check_payload_shape, valid_store_name
+from memmesh.crdt.records import _NO_PAYLOADS, SETTINGS, _with_payloads, check_payload_shape, valid_store_name
+from memmesh.crdt.row_keys import KeyRange, ShownKeys, canonical
 from memmesh.crdt.yjs import Row
 
 log = logging.getLogger("memmesh.crdt.database")
 
 # What an entry's payloads carry once checked: settings operations, rows by store, erasures.
 Checked = tuple[tuple[GrantOp | RevokeOp, ...], dict[str, tuple[Row, ...]], tuple[EraseOp, ...]]
+# The same on load, where a payload already checked (crdt/open_marks.py) gives its key range.
+CheckedStored = tuple[tuple[GrantOp | RevokeOp, ...], dict[str, ShownKeys], tuple[EraseOp, ...]]
+# Stores open always decodes: it needs their operations (and they are small).
+DECODED_ON_OPEN = frozenset({SETTINGS, ERASE})
 
 
 @dataclass(slots=True)
@@ -55,6 +60,9 @@ class LogIndex:
         self._absent: dict[str, set[str]] = {}  # entry id -> stores whose payload storage lacks
         self._covers: dict[tuple[str, str], set[str]] = {}  # (entry, store) -> authors stored erases name
         self._erase_nodes: set[str] = set()
+        # Entry id -> its stores that passed check_payloads with clock-keyed rows, until the
+        # derived state records them as checked (crdt/open_marks.py) once they are stored.
+        self._fresh_marks: dict[str, set[str]] = {}
 
     # ------------------------------------------------------------------------- lookups
     def __len__(self) -> int:
@@ -174,8 +182,13 @@ class LogIndex:
                 self._next_clock[(node.author_key, store)] = desc.clock_end
                 self._stores.add(store)
 
-    def index_stored(self, entry: Entry) -> tuple[IndexedEntry, dict[str, tuple[Row, ...]]]:
-        """Index a stored entry on load (no authorisation: derived state judges it)."""
+    def index_stored(self, entry: Entry, marked: AbstractSet[str] = frozenset()
+                     ) -> tuple[IndexedEntry, dict[str, ShownKeys], set[str]]:
+        """Index a stored entry on load (no authorisation: derived state judges it).
+
+        ``marked``: its stores whose payloads passed these checks before (crdt/open_marks.py);
+        they are not decoded again. Returns the node, each held payload's rows (or key range),
+        and the stores checked now that may be marked."""
         author = entry.author_key
         vv, height = self.past_of(entry)
         vv[author] = entry.seq
@@ -184,21 +197,23 @@ class LogIndex:
             self.flag_equivocator(author, entry.seq)
             excluded = True
         ops: tuple[GrantOp | RevokeOp, ...]
-        rows: dict[str, tuple[Row, ...]]
+        rows: dict[str, ShownKeys]
         erases: tuple[EraseOp, ...]
+        fresh: set[str] = set()
         try:
-            ops, rows, erases = self.check_payloads(entry, author)
+            ops, rows, erases = self._check_stored(entry, author, marked, fresh)
         except RejectedError as exc:
             # Stored by an older release that kept evidence unchecked: keep it as evidence only.
             log.warning("stored entry %s fails today's checks (%s); kept, never applied", entry.id, exc.reason)
             ops, rows, erases, excluded = (), {}, (), True
+            fresh = set()
         absent = {s for s, p in entry.payloads.items() if p is None}
         if absent:
             self._absent[entry.id] = absent
         size = len(entry.header) + sum(d.length for s, d in entry.stores.items() if s not in absent)
         node = IndexedEntry(entry, author, height, vv, ops, erases, excluded=excluded, size=size)
         self.insert(node)
-        return node, rows
+        return node, rows, fresh
 
     def flag_equivocator(self, author: str, seq: int) -> None:
         """Stop applying ``author``'s feed from ``seq`` on: its entries become evidence only."""
@@ -215,23 +230,64 @@ class LogIndex:
         ops: list[GrantOp | RevokeOp] = []
         erases: list[EraseOp] = []
         decoded_rows: dict[str, tuple[Row, ...]] = {}
+        fresh: set[str] = set()
         for store, desc in entry.stores.items():
-            if not valid_store_name(store):
-                raise EntryRejected("entry.store_name", f"invalid store name {store!r}")
-            expected = self._expected_clock(entry, author, store)
-            if desc.clock != expected:
-                raise EntryRejected("yjs.clock_gap" if desc.clock > expected else "yjs.clock_reuse",
-                                    f"store {store!r} clock {desc.clock}, expected {expected}")
-            update = entry.payloads.get(store)
+            update = self._header_checks(entry, author, store)
             if update is None:
-                if store in UNERASABLE:
-                    raise EntryRejected("entry.payload_missing", f"{store} payloads always travel with their entry")
                 continue
-            shape = check_payload_shape(store, desc, update)
-            decoded_rows[store] = shape.rows
-            ops.extend(shape.ops)
-            erases.extend(shape.erases)
+            decoded_rows[store] = self._shape(store, desc, update, ops, erases, fresh)
+        if fresh:
+            self._fresh_marks[entry.id] = fresh
         return tuple(ops), decoded_rows, tuple(erases)
+
+    def take_fresh_marks(self, entry_ids: Iterable[str]) -> dict[str, set[str]]:
+        """The stores of these entries that passed check_payloads with clock-keyed rows; forgets
+        every other entry checked so far (refused, or left to a rebuild: checked again on open)."""
+        fresh, self._fresh_marks = self._fresh_marks, {}
+        return {i: fresh[i] for i in entry_ids if i in fresh}
+
+    def _check_stored(self, entry: Entry, author: str, marked: AbstractSet[str], fresh: set[str]) -> CheckedStored:
+        """check_payloads on load: a marked payload (its bytes were hashed against the header
+        already) is known by its key range instead of being decoded again."""
+        ops: list[GrantOp | RevokeOp] = []
+        erases: list[EraseOp] = []
+        keys: dict[str, ShownKeys] = {}
+        for store, desc in entry.stores.items():
+            update = self._header_checks(entry, author, store)
+            if update is None:
+                continue
+            if store in marked and store not in DECODED_ON_OPEN:
+                keys[store] = KeyRange(desc.client, desc.clock, desc.clock_len)
+                continue
+            keys[store] = self._shape(store, desc, update, ops, erases, fresh)
+        return tuple(ops), keys, tuple(erases)
+
+    @staticmethod
+    def _shape(store: str, desc: StoreDescriptor, update: bytes, ops: list[GrantOp | RevokeOp],
+               erases: list[EraseOp], fresh: set[str]) -> tuple[Row, ...]:
+        """check_payload_shape of one payload: its rows; its operations added to ``ops`` and
+        ``erases``, and the store to ``fresh`` when its rows may be marked (clock-keyed)."""
+        shape = check_payload_shape(store, desc, update)
+        ops.extend(shape.ops)
+        erases.extend(shape.erases)
+        if store not in DECODED_ON_OPEN and canonical(shape.rows, desc.client, desc.clock):
+            fresh.add(store)
+        return shape.rows
+
+    def _header_checks(self, entry: Entry, author: str, store: str) -> bytes | None:
+        """The checks of one store that need only the header and the feed; its payload, or
+        None when it is not held."""
+        desc = entry.stores[store]
+        if not valid_store_name(store):
+            raise EntryRejected("entry.store_name", f"invalid store name {store!r}")
+        expected = self._expected_clock(entry, author, store)
+        if desc.clock != expected:
+            raise EntryRejected("yjs.clock_gap" if desc.clock > expected else "yjs.clock_reuse",
+                                f"store {store!r} clock {desc.clock}, expected {expected}")
+        update = entry.payloads.get(store)
+        if update is None and store in UNERASABLE:
+            raise EntryRejected("entry.payload_missing", f"{store} payloads always travel with their entry")
+        return update
 
     def _expected_clock(self, entry: Entry, author: str, store: str) -> int:
         """The author's next clock in ``store`` along the entry's own feed (its prev chain)."""

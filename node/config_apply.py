@@ -211,7 +211,7 @@ def _differences(old: NodeConfig, new: NodeConfig) -> list[str]:
             out.append(f"agent {spec.name}: system_prompt changed")
     out += [f"agent {was.name}: no longer in config.yaml, so it has no profile (every tool allowed, "
             "no system prompt); the agent and its memories stay" for was in old.agents if new.agent(was.name) is None]
-    for section in ("sync", "api", "auto_recall"):
+    for section in ("sync", "api", "auto_recall", "memory"):
         before, after = getattr(old, section).model_dump(mode="json"), getattr(new, section).model_dump(mode="json")
         out += [f"{section}.{k}: {json.dumps(before[k])} -> {json.dumps(after[k])}"
                 for k in after if before[k] != after[k]]

@@ -19,6 +19,7 @@ from typing import Any
 from memmesh.node.commands import REGISTRY, EventSink, Result
 from memmesh.node.core_node import CoreNode
 from memmesh.node.memory.embedders import Embedder, EmbedderConfig, default_provider, make_embedder
+from memmesh.node.memory.open_views import budget_bytes
 from memmesh.node.memory.service import MemoryService
 from memmesh.node.registry import EMBEDDER_CONFIG, EMBEDDER_SECRET
 from memmesh.node.settings import applied, memory_defaults
@@ -137,6 +138,9 @@ class ConfigInForce:
     def default_banks(self, agent: str) -> list[str]:
         spec = applied(self.node).agent(agent)
         return list(spec.default_memory_banks) if spec is not None else []
+
+    def view_budget_bytes(self) -> int:
+        return budget_bytes(applied(self.node).memory.view_budget_mib)
 
 
 def run_in_home(home: Path | str, name: str, params: dict[str, Any], events: EventSink | None = None) -> Result:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["DRAIN_S", "ServeOptions", "Server", "bind_api", "start_api", "write_info"]
 
 DRAIN_S = 10.0  # how long in-flight requests get to finish on shutdown
+SNAPSHOT_EVERY_S = 300.0  # how often views due a snapshot write one (node/memory/snapshot.py)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
 
 
@@ -149,6 +150,7 @@ class Server:
         event("start", home=str(node.home), pid=os.getpid(), node_key=str(node.peer_key.public))
         net_limits, ctl_limits = self._limits()
         flusher = asyncio.ensure_future(flush_repeats_every(self.options.log_handler))
+        snapshots = asyncio.ensure_future(_save_snapshots_every(node, SNAPSHOT_EVERY_S))
         _remove_stale(node.home)
         db = DbThread()
         # The live event stream (node/events.py): the databases, the daemon and the sharing
@@ -167,9 +169,12 @@ class Server:
                                             peers=start.running.peers, run=db.run, events=bus)
             self._serving.enter_context(node.serving(Network(OnServeLoop(loop, db), events=bus, lan=sync,
                                                              daemon=sync, config=LiveConfig(start, sync))))
-            # Recall indexes are built on the search threads, so the first turns do not wait for
-            # them on the database thread (auto-recall names a store whose index is still building).
-            await db.run(lambda: node.memory.warm(node.database_ids()))
+            # The indexes a first turn searches (the agents' own databases and the banks they
+            # auto-recall, bounded) are built on the search threads, so the first turns do not
+            # wait for them on the database thread (auto-recall names a store whose index is
+            # still building); every other bank's is built on its first use, within the memory
+            # budget (node/memory/open_views.py), so start-up does not grow with the banks hosted.
+            await db.run(node.memory.warm)
             await self._serve_sync(sync, net_limits)
             channel = ControlChannel(node, db, self.info, registry=self.options.registry, status=sync.status)
             await self._serve_control(channel, ctl_limits)
@@ -191,6 +196,7 @@ class Server:
             await self._stop(db, bus, watch)
             signals.remove()
             flusher.cancel()
+            snapshots.cancel()
             event("stop", pid=os.getpid(), signal=signals.by)
         return Result({"pid": os.getpid(), "listen": self.info.get("listen"), "signal": signals.by}, "")
 
@@ -275,6 +281,21 @@ class Server:
         self._serving.close()  # back to offline: nothing points at this loop any more
         with contextlib.suppress(FileNotFoundError):
             (home / SERVE_SOCK).unlink()
+
+
+async def _save_snapshots_every(node: Node, every_s: float) -> None:
+    """Now and then, the snapshots of views that grew (a kill -9 then costs the rows since the
+    last one, applied on opening, not a rebuild). On a worker thread: a view's own lock is all
+    it takes, the database thread goes on; closing the node writes the rest."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            written = await asyncio.to_thread(node.memory.save_snapshots)
+        except Exception:
+            event("snapshots", logging.ERROR, exc_info=True)
+        else:
+            if written:
+                event("snapshots", written=written)
 
 
 def _remove_stale(home: Path) -> None:

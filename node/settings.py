@@ -40,6 +40,8 @@ or section left empty, e.g. with everything under it commented out, means its de
       trust_weights: {ingested: 0.5}       # tiers left out keep their built-in weight
       include_secrets: false
       deadline_ms: 50                      # the agents' auto_recall_deadline_ms
+    memory:
+      view_budget_mib: 2048                # open recall indexes; default: a quarter of RAM
 
 No telemetry: nothing in this file (or anywhere in memmesh) reports to anyone.
 """
@@ -228,6 +230,12 @@ class AutoRecallSpec(_Section):
         return {AUTO_RECALL_KEYS[k]: v for k, v in self.model_dump().items()}
 
 
+class MemorySpec(_Section):
+    # The bytes open recall indexes (memory views) may take before the least recently used
+    # idle ones are closed (node/memory/open_views.py); None: a quarter of physical memory.
+    view_budget_mib: Annotated[float | None, Field(gt=0, le=2**30)] = None
+
+
 @dataclass(frozen=True)
 class Source:
     """Where a loaded config came from: its file and the line of each value (by location)."""
@@ -249,6 +257,7 @@ class NodeConfig(_Section):
     sync: SyncSpec = SyncSpec()
     api: ApiSpec = ApiSpec()
     auto_recall: AutoRecallSpec = AutoRecallSpec()
+    memory: MemorySpec = MemorySpec()
 
     # Set by load_config; not part of the config (compare configs with ``same_as``).
     _source: Source | None = PrivateAttr(default=None)
@@ -568,7 +577,7 @@ TEMPLATE = """\
 #   listen: 127.0.0.1:7411            # where the sync API listens (restart serve to change)
 #   advertise: http:192.0.2.10:7411   # the address peers and tickets use (restart to change)
 #   peers: [http:192.0.2.11:7411]     # synced with every shared database, every round
-#   interval_s: 5                     # seconds between full rounds
+#   interval_s: 5                     # seconds between sweeps (node/sync/service.py)
 #   fanout: 3                         # peers per database per round
 #   discovery: true                   # LAN discovery (restart to change)
 #   stale_after_s: 300                # `memmesh status` calls a bank stale past this
@@ -588,6 +597,10 @@ TEMPLATE = """\
 #   deadline_ms: 50                   # auto-recall waits at most this long (0-10000; 0: off)
 #   min_similarity: default           # vector-only matches below this cosine are not results;
 #                                     #   default: the embedder's calibrated floor (0-1)
+
+# memory:
+#   view_budget_mib: 2048             # MiB open recall indexes may take; past it the least
+#                                     #   recently used idle ones close (default: 1/4 of RAM)
 """
 
 

@@ -79,6 +79,8 @@ from memmesh.node.storage_schema import APPLICATION_ID, MIGRATIONS, SCHEMA, SCHE
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStorage"]
 
 _PAGE = 500  # entries read per query while iterating
+_SLICE_BYTES = 8 << 20  # payload bytes read per query while iterating, about
+_MMAP_BYTES = 1 << 31
 _SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 
 
@@ -200,6 +202,7 @@ class SqliteStorage(PendingArea, DamagedArea, FileChecks, LocalRecords, Storage)
         file (about 110 ms at 100k entries, 74 MB), so serve runs it as it starts; every open
         checks the tables other than the log's (see ``classify`` in node/storage_open.py)."""
         with self._lock:
+            self._unmap()
             run_quick_check(self._connection(), self.path)
 
     # ----------------------------------------------------------------- the signed log
@@ -281,12 +284,36 @@ class SqliteStorage(PendingArea, DamagedArea, FileChecks, LocalRecords, Storage)
                     "SELECT seq, id, header FROM entries WHERE db = ? AND seq > ? ORDER BY seq LIMIT ?",
                     (db, last, _PAGE),
                 ).fetchall()
-                payloads = self._payloads(conn, "payloads", "entry", [r[0] for r in rows], stores)
             if not rows:
                 return
             last = rows[-1][0]
-            for seq, entry_id, header in rows:
-                yield StoredEntry(entry_id, header, freeze_payloads(payloads[seq]))
+            # Payloads in slices of about _SLICE_BYTES, so that a reader hashing one slice
+            # while the next is read (crdt/prefetch.py) overlaps the two, and a page of large
+            # entries is not held in memory at once. They are read through a memory map (SQLite
+            # caps it at 2 GB): opening a database hashes every stored payload, and reading them
+            # page by page through read() calls costs more than hashing them. Only while a page
+            # of the log is read: SQLite reports some damaged pages differently when mapped
+            # (quick_check raises instead of listing them), and quick_check turns it off.
+            try:
+                start, step = 0, 8
+                while start < len(rows):
+                    part = rows[start:start + step]
+                    with self._reading() as conn:
+                        conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}").fetchall()  # no-op when on
+                        payloads = self._payloads(conn, "payloads", "entry", [r[0] for r in part], stores)
+                    size = sum(len(d) for p in payloads.values() for d in p.values() if d is not None)
+                    for seq, entry_id, header in part:
+                        yield StoredEntry(entry_id, header, freeze_payloads(payloads[seq]))
+                    start += len(part)
+                    step = max(1, min(_PAGE, step * _SLICE_BYTES // max(size, 1)))
+            finally:
+                self._unmap()
+
+    def _unmap(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA mmap_size=0").fetchall()
 
     def get(self, db_id: str, entry_id: str) -> StoredEntry | None:
         with self._reading() as conn:

@@ -5,6 +5,7 @@ remote and malicious rows are signed entries ingested through the full validatio
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -34,6 +35,7 @@ from memmesh.node.memory.rows import (
 )
 from memmesh.node.memory.timeline import Filters
 from memmesh.node.memory.tokens import document_text, tokenize
+from memmesh.node.memory.vectors import VectorIndex
 from memmesh.node.memory.view import MemoryView
 from tests.dbkit import craft, feed, grant, key, new_db, next_clock, replica, revoke, rows_update
 
@@ -509,6 +511,11 @@ op_strategy = st.tuples(
 )
 
 
+# Candidate depth = the cosine list's depth (100): the bulk below puts the cut inside tie groups.
+_QUANTISED = functools.partial(VectorIndex, quantise_from=0, candidate_factor=1, candidate_min=1)
+BULK = 130  # memories with vectors written first: more than the cosine list's depth
+
+
 def _fresh(db_id: str) -> Database:
     storage = MemoryStorage()
     storage.add_database(db_id)
@@ -537,6 +544,17 @@ def test_replicas_fed_in_any_order_return_identical_rankings(ops, rnd):
     grant(root, ADMIN, ALICE, "write", 10)
     grant(root, ADMIN, BOB, "write", 10)
     replicas = [root, replica(root), replica(root)]
+    # Concurrent entries of the three writers: each replica fed in another order stores these rows
+    # at other positions. Few distinct directions: exact ties in the codes and in the cosines; more
+    # positive cosines than the list's depth, so the cut decides (else the pass widens to all rows).
+    for i in range(0, BULK, 10):
+        who = i // 10 % 3
+        txn = replicas[who].transaction(WRITERS[who])
+        for j in range(i, min(BULK, i + 10)):
+            row = txn.append(MEMORY_STORE, memory_value(f"b{j}", rnd.choice(WORDS), []))
+            vec = [rnd.randint(1, 2), rnd.randint(-1, 1), rnd.randint(0, 1)]  # mostly positive cosines
+            txn.append(STORE, embedding_value(row, np.array(vec, dtype=np.float32)))
+        txn.commit()
     for author, k, words, tags, vec, sync_to, entities, importance in ops:
         txn = replicas[author].transaction(WRITERS[author])
         row = txn.append(MEMORY_STORE, memory_value(k, " ".join(words), tags, entities=entities or None,
@@ -553,10 +571,14 @@ def test_replicas_fed_in_any_order_return_identical_rankings(ops, rnd):
     delivery = list(entries.values())
 
     # Two fresh replicas with views attached before anything arrives, fed in shuffled batches.
-    views = []
+    # Each also has a view whose vector blocks take the quantised first pass from the first row,
+    # with as many candidates as the limit (node/memory/vectors.py): its cut must not depend on
+    # where the rows sit in the matrix either.
+    views, quantised = [], []
     for _ in range(2):
         target = _fresh(root.id)
         views.append(MemoryView(target, embedding_store=STORE, dim=3))
+        quantised.append(MemoryView(target, embedding_store=STORE, dim=3, vector_index=_QUANTISED))
         order = delivery[:]
         rnd.shuffle(order)
         i = 0
@@ -566,6 +588,7 @@ def test_replicas_fed_in_any_order_return_identical_rankings(ops, rnd):
             i += size
         assert target.storage.pending(root.id) == []
     views.append(MemoryView(views[0].db, embedding_store=STORE))  # built from scratch, no dim
+    quantised.append(MemoryView(views[0].db, embedding_store=STORE, vector_index=_QUANTISED))
 
     # The current set is exactly the newest well-formed row per key.
     newest: dict[str, Memory] = {}
@@ -577,6 +600,8 @@ def test_replicas_fed_in_any_order_return_identical_rankings(ops, rnd):
 
     seed = rnd.random()
     observed = [_observe(v, random.Random(seed)) for v in views]
+    assert observed[0] == observed[1] == observed[2]
+    observed = [_observe(v, random.Random(seed)) for v in quantised]
     assert observed[0] == observed[1] == observed[2]
 
 

@@ -18,6 +18,7 @@ from memmesh.node.commands.result import Result
 if TYPE_CHECKING:
     from memmesh.crdt.database import Database
     from memmesh.node.library import Node
+    from memmesh.node.memory.view import MemoryView
     from memmesh.node.sync.state import LinkStatus
 
 PEER_SOURCE = "peer:"
@@ -74,16 +75,19 @@ def link_view(node: Node, db: Database, link: LinkStatus, t: int) -> dict[str, A
             "bytes_in": link.bytes_in, "bytes_out": link.bytes_out, "refused": peer_refusals(db, link.peer)}
 
 
-def bank_sync(node: Node, db: Database, t: int, stale_ms: int) -> dict[str, Any]:
-    """Per peer of the bank (every link the daemon recorded), and the bank's worst of them."""
-    peers = [link_view(node, db, link, t) for link in node.sync.links(db.id)]
+def bank_sync(node: Node, db: Database, t: int, stale_ms: int,
+              links: list[LinkStatus] | None = None) -> dict[str, Any]:
+    """Per peer of the bank (every link the daemon recorded, or ``links`` when the caller read
+    them already), and the bank's worst of them."""
+    links = node.sync.links(db.id) if links is None else links
+    peers = [link_view(node, db, link, t) for link in links]
     # A link the daemon stopped because the peer may not read the bank is not stale: nothing
     # is sent to it on purpose (its last_error says why).
     sent = {p["peer"] for p in peers if not (p["last_error"] or "").startswith(NO_GRANT)}
     worst = max((max(p["peer_lacks"], p["we_lack"]) for p in peers), default=0)
     completes = [p["last_exchange_ms"] for p in peers if p["last_exchange_ms"] is not None]
     stale_since = None
-    for link in node.sync.links(db.id):
+    for link in links:
         if link.peer not in sent:
             continue
         since = (link.last_success_ms if link.last_success_ms is not None else link.since_ms) + stale_ms
@@ -94,12 +98,20 @@ def bank_sync(node: Node, db: Database, t: int, stale_ms: int) -> dict[str, Any]
             "stale": stale_since is not None, "stale_since_ms": stale_since, "peers": peers}
 
 
-def grants(node: Node, db: Database) -> list[dict[str, Any]]:
-    """Every key the database's settings name, with what decided its state."""
+def key_names(node: Node) -> dict[str, str]:
+    """Public key -> who it is on this node (an agent, a bank's own key, this node): one key
+    file read per agent and bank, so status reads them once, not once per database."""
     names = {str(node.load_key(r.key_name).public): r.name for r in node.agents.agents()}
     for bank in node.registry.banks():
         names.setdefault(str(node.load_key(bank.key_name).public), f"bank {bank.name}")
     names.setdefault(str(node.peer_key.public), "this node")
+    return names
+
+
+def grants(node: Node, db: Database, names: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every key the database's settings name, with what decided its state (``names``:
+    ``key_names(node)``, read here when not given)."""
+    names = key_names(node) if names is None else names
     out = []
     for key, state in sorted(db.settings().items()):
         entry = state.granted_by[0] if state.granted_by else None
@@ -116,7 +128,23 @@ def recall_status(node: Node, db: Database, reader: str | None = None) -> dict[s
     never embedded) with a vector for it, and the current memories per trust tier for
     ``reader`` (a public key; None: every plain row is ``peer``), per hygiene rule, holding a
     secret, and the bank's quarantines."""
-    view = node.memory.view(db)
+    return view_recall_status(node, node.memory.view(db), reader)
+
+
+def open_recall_status(node: Node, db: Database) -> dict[str, Any] | None:
+    """``recall_status`` if the bank's recall index is open and built now, else None: status
+    never builds an index (a node may host a thousand banks; `memmesh memory status BANK`
+    builds one and counts), and does not wait for a search holding one."""
+    view = node.memory.open_view(db.id)
+    if view is None:
+        return None
+    with view.held(0.05) as got:
+        if not got or not view.loaded:
+            return None
+        return view_recall_status(node, view)
+
+
+def view_recall_status(node: Node, view: MemoryView, reader: str | None = None) -> dict[str, Any]:
     counts = view.status(reader)
     qs = view.quarantines()
     embedder = node.memory.embedder
@@ -129,7 +157,23 @@ def recall_status(node: Node, db: Database, reader: str | None = None) -> dict[s
             "quarantines": {"active": sum(q.active for q in qs), "released": sum(not q.active for q in qs)}}
 
 
-def database_status(node: Node, db_id: str, shared: set[str], t: int, stale_ms: int) -> dict[str, Any]:
+class StatusContext:
+    """What every database's status needs, read once per status call (per database it would
+    make status quadratic in the banks hosted): the names of databases and keys, the links."""
+
+    def __init__(self, node: Node) -> None:
+        self.names = {r.db_id: r.name for r in node.registry.agents()}
+        self.names.update({r.db_id: r.name for r in node.registry.banks()})
+        self.keys = key_names(node)
+        self.links: dict[str, list[LinkStatus]] = {}
+        for link in node.sync.links():
+            self.links.setdefault(link.db, []).append(link)
+
+
+def database_status(node: Node, db_id: str, shared: set[str], t: int, stale_ms: int,
+                    ctx: StatusContext | None = None) -> dict[str, Any]:
+    """One database's status; ``recall`` is None while its recall index is not open."""
+    ctx = StatusContext(node) if ctx is None else ctx
     db = node.database(db_id)
     meta = db.meta()
     refused = db.refusal_counts()
@@ -141,11 +185,13 @@ def database_status(node: Node, db_id: str, shared: set[str], t: int, stale_ms: 
     # entries whose payload has not arrived: stored ones (a relay stripped it) and pending ones
     # that wait for nothing else
     payloads = {entry for entry, _store in wanted["payloads"]} | set(wanted["pending_payloads"])
-    return {"id": db_id, "kind": meta.get("kind"), "name": meta.get("display_name"), "bank": node.agents.name_of(db_id),
+    bank = ctx.names.get(db_id) or node.agents.name_of(db_id)
+    return {"id": db_id, "kind": meta.get("kind"), "name": meta.get("display_name"), "bank": bank,
             "entries": len(db), "heads": list(db.heads), "shared": db_id in shared,
             "pending": len(db.pending_ids()), "refused": refused, "authors": len(db.feeds()),
-            "payload_pending": len(payloads), "refused_by_reason": by_reason, "grants": grants(node, db),
-            "recall": recall_status(node, db), "sync": bank_sync(node, db, t, stale_ms)}
+            "payload_pending": len(payloads), "refused_by_reason": by_reason, "grants": grants(node, db, ctx.keys),
+            "recall": open_recall_status(node, db),
+            "sync": bank_sync(node, db, t, stale_ms, ctx.links.get(db_id, []))}
 
 
 def node_view(node: Node, dbs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -155,6 +201,7 @@ def node_view(node: Node, dbs: list[dict[str, Any]]) -> dict[str, Any]:
     verify = VERIFIED.snapshot()
     book = node.sync.peers
     peers = {rec.key for db_id in book.databases() for rec in book.peers(db_id)}
+    views = node.memory.view_stats()
     return {"key": str(node.peer_key.public), "serving": node.network.serving,
             "listeners": {"sync": info["sync"] if info else None, "api": info["api"] if info else None,
                           "address": info["address"] if info else None},
@@ -162,7 +209,9 @@ def node_view(node: Node, dbs: list[dict[str, Any]]) -> dict[str, Any]:
             "uptime_s": round(time.monotonic() - info["started_mono"], 3) if info else None,
             "verify": {"entries": verify.entries, "per_s": round(verify.per_s, 1) if verify.per_s else None},
             "counts": {"banks": len(node.registry.banks()), "databases": len(dbs), "peers": len(peers),
-                       "errors": sum(1 for link in node.sync.links() if link.last_error)}}
+                       "errors": sum(1 for link in node.sync.links() if link.last_error)},
+            "memory": {"views_open": views.built, "view_bytes": views.bytes, "budget_bytes": views.budget,
+                       "closed": views.closed}}
 
 
 @command("status", NoParams, "the node, each database (entries, lag per peer, grants, refusals) and sync",
@@ -173,20 +222,23 @@ def status(node: Node, p: NoParams) -> Result:
     t = now_ms()
     stale_ms = stale_after_ms(node)
     shared = set(node.sync.shared())
-    dbs = [database_status(node, db_id, shared, t, stale_ms) for db_id in node.database_ids()]
+    ctx = StatusContext(node)
+    dbs = [database_status(node, db_id, shared, t, stale_ms, ctx) for db_id in node.database_ids()]
     data = {"home": str(node.home), "peer_key": str(node.peer_key.public), "node": node_view(node, dbs),
             "databases": dbs, "fenced": fenced(node),
-            "sync": {"serving": node.network.serving, "address": node.sync.address(), "links": sync_status(node)}}
+            "sync": {"serving": node.network.serving, "address": node.sync.address(), "links": sync_status(node, ctx.names)}}
     return Result(data, render_status(data, t))
 
 
-def sync_status(node: Node) -> list[dict]:
-    """Per shared bank and peer: the last exchange's outcome (for `memmesh status`)."""
+def sync_status(node: Node, names: dict[str, str] | None = None) -> list[dict]:
+    """Per shared bank and peer: the last exchange's outcome (for `memmesh status`); ``names``:
+    database id -> registered name, when the caller read them already."""
+    names = names or {}
     out = []
     t = now_ms()
     for link in node.sync.links():
         rec = node.sync.peers.get(link.db, link.peer)
-        out.append({"db": link.db, "bank": node.agents.name_of(link.db), "peer": link.peer,
+        out.append({"db": link.db, "bank": names.get(link.db) or node.agents.name_of(link.db), "peer": link.peer,
                     "last_success_ms": link.last_success_ms, "last_error": link.last_error,
                     "behind": link.lacking, "peer_behind": link.peer_lacking, "pulled": link.pulled,
                     "pushed": link.pushed, "refused": dict(link.refused),
@@ -236,6 +288,10 @@ def sync_line(d: dict[str, Any], t: int) -> str:
     return text
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.1f} GiB"
+
+
 def render_status(data: dict[str, Any], t: int) -> str:
     n = data["node"]
     if n["serving"]:
@@ -244,11 +300,13 @@ def render_status(data: dict[str, Any], t: int) -> str:
         serving = f"serving ({listen}, discovery {'on' if n['discovery'] else 'off'}{up})"
     else:
         serving = "serve is not running"
-    c = n["counts"]
+    c, m = n["counts"], n["memory"]
     rate = f", {n['verify']['per_s']:g}/s" if n["verify"]["per_s"] else ""
     lines = [f"home: {data['home']}", f"peer key: {data['peer_key']}", f"node: {serving}",
              f"counts: {c['banks']} banks, {c['databases']} databases, {c['peers']} peers, {c['errors']} errors; "
              f"verified {n['verify']['entries']} signatures{rate}",
+             f"recall indexes: {m['views_open']} open, {_mib(m['view_bytes'])} of a {_mib(m['budget_bytes'])} "
+             f"budget; a bank's recall counts show while its index is open (memmesh memory status BANK counts any)",
              f"databases: {len(data['databases'])}"]
     if data.get("fenced"):  # one line: what the write fence (node/fence.py) holds back, and why
         lines.insert(-1, "FENCED (local writes refused until a sync brings this node's own entries back; memmesh "
@@ -270,7 +328,7 @@ def render_status(data: dict[str, Any], t: int) -> str:
             lines.append(f"      {short(p['peer'])}: last exchange {ago(p['last_exchange_ms'], t)}, "
                          f"we lack {p['we_lack']}, it lacks {p['peer_lacks']}, {state}{backoff}")
         r = d["recall"]
-        if r["memories"]:
+        if r is not None and r["memories"]:
             vec = (f", {r['with_vectors']}/{r['memories']} with vectors ({r['embedder']})" if r["embedder"]
                    else ", no embedder")
             lines.append(f"    recall: {r['memories']} memories{vec}")

@@ -28,6 +28,7 @@ CODES = {
     "local.damaged": "a peer-local record (the agent and bank registry) cannot be read",
     "local.unknown_db": "a peer-local record names a database this node does not hold",
     "local.stale": "a peer-local side record (access counts) that is ignored",
+    "view.snapshot": "a view snapshot that passes its own checks differs from a view rebuilt from the log",
 }
 
 
@@ -101,6 +102,7 @@ class DatabaseReport:
     waiting_for: list[str] = field(default_factory=list)  # parents the pending area waits for
     aside: list[dict[str, Any]] = field(default_factory=list)  # what the damaged area holds
     repair: DatabaseRepair | None = None
+    views: list[dict[str, Any]] = field(default_factory=list)  # its view snapshots against a rebuild
 
     @property
     def damaged(self) -> bool:
@@ -111,7 +113,7 @@ class DatabaseReport:
                 "signatures": self.signatures, "healthy": not self.damaged,
                 "problems": [p.as_dict() for p in self.problems], "missing_payloads": self.missing_payloads,
                 "waiting_for": self.waiting_for, "aside": self.aside,
-                "repair": None if self.repair is None else self.repair.as_dict()}
+                "repair": None if self.repair is None else self.repair.as_dict(), "views": self.views}
 
 
 @dataclass
@@ -136,6 +138,7 @@ class Report:
     keys: list[Problem] = field(default_factory=list)
     local: list[Problem] = field(default_factory=list)
     databases: list[DatabaseReport] = field(default_factory=list)
+    stray_views: list[dict[str, Any]] = field(default_factory=list)  # snapshot files of no database here
     seconds: float = 0.0
 
     # ------------------------------------------------------------------ the verdict
@@ -179,7 +182,8 @@ class Report:
                 "storage": self.storage.as_dict(), "keys": {"checked": self.keys_checked,
                                                             "problems": [p.as_dict() for p in self.keys]},
                 "local": [p.as_dict() for p in self.local],
-                "databases": [d.as_dict() for d in self.databases], "seconds": round(self.seconds, 3),
+                "databases": [d.as_dict() for d in self.databases], "stray_views": self.stray_views,
+                "seconds": round(self.seconds, 3),
                 "entries": sum(d.entries + d.pending for d in self.databases),
                 "signatures": sum(d.signatures for d in self.databases)}
 
@@ -201,6 +205,7 @@ class Report:
         lines += [f"peer-local records: {p.line()}" for p in self.local]
         for d in self.databases:
             lines += _database_lines(d)
+        lines += [f"view snapshot {v['file']}: {v['verdict']}" for v in self.stray_views]
         total = sum(d.entries + d.pending for d in self.databases)
         rate = f", {total / self.seconds:,.0f} entries/s" if self.seconds > 0 and total else ""
         lines.append(f"checked {total:,} entries ({sum(d.signatures for d in self.databases):,} signatures) "
@@ -255,6 +260,8 @@ def _database_lines(d: DatabaseReport) -> list[str]:
     if d.waiting_for:
         lines.append(f"  the pending area waits for {len(d.waiting_for)} parent{'s' if len(d.waiting_for) != 1 else ''}: "
                      "sync fetches them from peers")
+    lines.extend(f"  view snapshot ({v['store'] or 'no embeddings'}, {v['docs']:,} docs): {v['verdict']}"
+                 for v in d.views)
     if d.aside:
         lines.append(f"  the damaged area keeps {len(d.aside)} entr{'y' if len(d.aside) == 1 else 'ies'} moved aside "
                      "by a repair (never applied or served)")

@@ -36,6 +36,7 @@ from memmesh.node.integrity.entries import Rebuilt, Verified, intact_copy, rebui
 from memmesh.node.integrity.keys import KeyCheck, Named, registry_records
 from memmesh.node.integrity.report import DatabaseRepair, DatabaseReport, Lost, Problem, Report, StorageReport
 from memmesh.node.integrity.salvage import SalvageError, salvage
+from memmesh.node.integrity.views import SnapshotFiles, check_views, snapshot_files
 from memmesh.node.storage import APPLICATION_ID, SCHEMA_VERSION, SqliteStorage
 
 if TYPE_CHECKING:
@@ -258,6 +259,8 @@ def _check_storage(home: Path, storage: SqliteStorage, report: Report, keys: Key
     for record in named:
         names.setdefault(record.db_id, record)
     out: dict[str, _Found] = {}
+    snapshots = snapshot_files(home)
+    report.stray_views = _stray_views(snapshots, set(known), repair)
     for db_id in known:
         rec = names.get(db_id)
         label = rec.name if rec else db_id[:20]
@@ -281,6 +284,10 @@ def _check_storage(home: Path, storage: SqliteStorage, report: Report, keys: Key
                            [_aside(r) for r in found.aside])
         report.databases.append(d)
         out[db_id] = _Found(found, rebuilt, d)
+        files = snapshots.by_db.get(db_id)
+        if files and rebuilt.db is not None and not d.damaged:
+            d.views, view_problems = check_views(home, rebuilt.db, files, repair=repair)
+            d.problems += view_problems
     if repair:
         # Only once every database was read: a read that fails sends the repair to a salvage
         # of the file first (_Unreadable), which must find nothing moved yet.
@@ -306,6 +313,20 @@ def _check_storage(home: Path, storage: SqliteStorage, report: Report, keys: Key
     report.keys, report.keys_checked = keys.problems, keys.checked
     for f in out.values():
         f.rebuilt.db = None  # its memory is not needed any more
+    return out
+
+
+def _stray_views(found: SnapshotFiles, known: set[str], repair: bool) -> list[dict[str, Any]]:
+    """Snapshot files no database of this home reads: unreadable headers, other databases."""
+    stray = [(p, why) for p, why in found.unreadable]
+    stray += [(p, "of a database this node does not hold") for db, files in found.by_db.items() if db not in known
+              for p, _meta in files]
+    out = []
+    for path, why in stray:
+        if repair:
+            path.unlink(missing_ok=True)
+        out.append({"file": path.name, "store": None, "dim": None, "docs": None,
+                    "verdict": f"not used: {why}" + ("; removed" if repair else "; the next opening ignores it")})
     return out
 
 

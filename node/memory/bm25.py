@@ -144,6 +144,10 @@ class InvertedIndex:
         """Average token count of the current documents (0.0 when empty)."""
         return self._total_len / self._n_live if self._n_live else 0.0
 
+    def vocabulary(self) -> list[str]:
+        """Every token ever indexed (some may have no live document now)."""
+        return list(self._tokens)
+
     def df(self, token: str) -> int:
         """Number of current documents containing ``token``."""
         tid = self._vocab.get(token)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from memmesh.node.memory.agent_config import CONFIG_DEFAULTS
+from memmesh.node.memory.open_views import budget_bytes
 
 
 class MemorySettings(Protocol):
@@ -22,12 +23,19 @@ class MemorySettings(Protocol):
         """The banks config.yaml names for ``agent`` (auto-recall searches them after its own)."""
         ...
 
+    def view_budget_bytes(self) -> int:
+        """The bytes open memory views may take (``memory.view_budget_mib``, node/memory/open_views.py)."""
+        ...
+
 
 class BuiltIn:
-    """No config.yaml: the built-in memory config, no default banks."""
+    """No config.yaml: the built-in memory config, no default banks, the default view budget."""
 
     def defaults(self) -> dict[str, Any]:
         return dict(CONFIG_DEFAULTS)
 
     def default_banks(self, agent: str) -> list[str]:
         return []
+
+    def view_budget_bytes(self) -> int:
+        return budget_bytes(None)

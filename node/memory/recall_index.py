@@ -42,6 +42,7 @@ One set of docs, several indexes (:class:`RecallIndex`)
 """
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -72,6 +73,11 @@ def _above(floor: float, lexical: list[tuple[int, float]],
     return keep.__contains__
 
 
+def text_key(text: str) -> int:
+    """A hash of ``text`` that is the same in every process (CRC-32 of its UTF-8)."""
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+
+
 def _tokens(m: Memory) -> list[str]:
     return tokenize(document_text(m.key, m.value, m.tags))
 
@@ -79,15 +85,19 @@ def _tokens(m: Memory) -> list[str]:
 class RecallIndex:
     """Every well-formed row of a view (its docs) and the indexes over them (the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, vector_index: Callable[[int], VectorIndex] = VectorIndex) -> None:
+        """``vector_index``: makes the vector block of a length (tests pass a lower quantised
+        threshold through it)."""
+        self._vector_index = vector_index
         self.mem: list[Memory] = []  # doc -> its memory
         self.row_doc: dict[str, int] = {}
         self.tiebreak: list[tuple[int, int, int]] = []  # doc -> order_desc_key
         self.tag_docs: dict[str, set[int]] = {}  # casefolded tag -> docs carrying it
         self.entity_docs: dict[str, set[int]] = {}  # casefolded entity -> docs about it
-        # hash of the normalised value -> docs saying it: remember's same-text check is a lookup,
-        # not a scan of the bank (node/memory/dedup.py); rebuilt with the index, so a forgotten
-        # value leaves it with the rest.
+        # text_key of the normalised value -> docs saying it: remember's same-text check is a
+        # lookup, not a scan of the bank (node/memory/dedup.py); rebuilt with the index, so a
+        # forgotten value leaves it with the rest. A stable hash, not hash(): a view snapshot
+        # (node/memory/snapshot.py) is read back by another process.
         self.text_docs: dict[int, list[int]] = {}
         self.cols = DocColumns()
         self.all_bm25 = InvertedIndex()  # every doc: whole-history statistics
@@ -125,7 +135,7 @@ class RecallIndex:
         return doc
 
     def _said(self, doc: int, m: Memory) -> None:
-        self.text_docs.setdefault(hash(normalized_value(m.value)), []).append(doc)
+        self.text_docs.setdefault(text_key(normalized_value(m.value)), []).append(doc)
 
     def _about(self, doc: int, m: Memory) -> None:
         for entity in {e.casefold() for e in m.entities}:
@@ -186,11 +196,10 @@ class RecallIndex:
         source.remove(doc)
         target.add_unit(doc, unit)
 
-    @staticmethod
-    def _block(blocks: dict[int, VectorIndex], dim: int) -> VectorIndex:
+    def _block(self, blocks: dict[int, VectorIndex], dim: int) -> VectorIndex:
         index = blocks.get(dim)
         if index is None:
-            index = blocks[dim] = VectorIndex(dim)
+            index = blocks[dim] = self._vector_index(dim)
         return index
 
     # ------------------------------------------------------------------ vectors
@@ -281,5 +290,5 @@ class RecallIndex:
     def nbytes(self) -> dict[str, int]:
         """Bytes of the numpy arrays, by part (Python objects not counted)."""
         return {"bm25": self.all_bm25.nbytes(), "columns": self.cols.nbytes(),
-                "vectors": sum(ix.capacity * ix.dim * 4 for ix in self.vectors.values()),
-                "old_vectors": sum(ix.capacity * ix.dim * 4 for ix in self.old_vectors.values())}
+                "vectors": sum(ix.nbytes() for ix in self.vectors.values()),
+                "old_vectors": sum(ix.nbytes() for ix in self.old_vectors.values())}

@@ -31,9 +31,11 @@ from memmesh.node.memory.fusion import decay_factor, decayed, salience_factor
 from memmesh.node.memory.graph import neighbors
 from memmesh.node.memory.input_error import MemoryInputError
 from memmesh.node.memory.labels import Labels, labels_of, tier
+from memmesh.node.memory.open_views import KEEP_RECENT, OpenViews, ViewStats
 from memmesh.node.memory.rows import MEMORY_STORE, Memory, embedding_value, memory_value
 from memmesh.node.memory.saving import plan_write
 from memmesh.node.memory.scope import by_precedence
+from memmesh.node.memory.snapshot import VIEWS_DIR, Snapshots
 from memmesh.node.memory.timeline import Filters
 from memmesh.node.memory.tokens import autorecall_query_tokens
 from memmesh.node.memory.view import DEFAULT_LIMIT, MAX_LIMIT, MAX_PAGE_DEPTH, MemoryView
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 NO_MEMORIES = "No memories found"
 OWN_MEMORY = "own memory"  # how a missed deadline names the agent's own database
 SEARCH_THREADS = 4
+WARM_LIMIT = 32  # databases built at serve's start at most (first_turn_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,17 +97,23 @@ def _not_serving() -> bool:
 
 class MemoryService:
     def __init__(self, agents: Agents, embedder: Embedder | None, *, settings: MemorySettings | None = None,
-                 serving: Callable[[], bool] = _not_serving) -> None:
+                 serving: Callable[[], bool] = _not_serving, keep_recent: int = KEEP_RECENT) -> None:
         """``settings``: the node's config in force (built-in defaults when None); ``serving``:
-        whether serve runs this node now (asked when a view opens)."""
+        whether serve runs this node now (asked when a view opens); ``keep_recent``: how many
+        of the most recently used views stay open whatever the budget (node/memory/open_views.py)."""
         self.agents = agents
         self.embedder = embedder
         self.settings: MemorySettings = settings if settings is not None else BuiltIn()
         self._serving = serving
-        self._views: dict[str, MemoryView] = {}
+        # Open views, least recently used first, closed over the memory budget when idle
+        # (node/memory/open_views.py): a search submitted for a view keeps it open.
+        self._views = OpenViews(self._budget, busy=self._busy, keep_recent=keep_recent)
+        # Built views are kept on disk (node/memory/snapshot.py), so the next opening of the
+        # node reads them instead of rebuilding them from the log.
+        self.snapshots = Snapshots(agents.home.home / VIEWS_DIR)
         self.access = AccessCounts(agents.home.storage)
         self._pool: ThreadPoolExecutor | None = None
-        self._inflight: dict[str, Future] = {}  # db id -> its auto-recall search still running
+        self._inflight: dict[str, Future] = {}  # db id -> its auto-recall search (or start-up build) still running
 
     @property
     def serving(self) -> bool:
@@ -115,37 +124,106 @@ class MemoryService:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        for view in self._views.values():
-            view.close()
-        self._views.clear()
+        self.save_snapshots()
+        self._views.close_all()
+
+    def save_snapshots(self) -> int:
+        """Write the snapshot of every open view that is due one (large enough, and none on
+        disk that holds nearly all of it); how many were written. A view a search holds is
+        left for the next round; a write that fails (disk full) is logged, never raised: the
+        view itself is intact and the next opening rebuilds from the log."""
+        written = 0
+        for view in list(self._views.values()):
+            if not view.snapshot_due:
+                continue
+            try:
+                written += view.save_snapshot()
+            except OSError as exc:
+                log.warning("could not write the view snapshot of %s (%s); the next opening rebuilds it "
+                            "from the log", view.db.id, exc)
+        return written
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(SEARCH_THREADS, thread_name_prefix="memmesh-recall")
         return self._pool
 
-    def warm(self, db_ids: Sequence[str]) -> None:
-        """Build these databases' indexes and load the embedder's model on the search threads
-        (serve, at start), so a turn's deadline never pays for either."""
+    def warm(self, db_ids: Sequence[str] | None = None) -> None:
+        """Build these databases' indexes (None: ``first_turn_ids()``) and load the embedder's
+        model on the search threads (serve, at start), so a first turn's deadline pays for
+        neither. Every other bank's index is built on its first use."""
         if self.embedder is not None:
             self._threads().submit(self._load_embedder)
-        for db_id in db_ids:
+        for db_id in self.first_turn_ids() if db_ids is None else db_ids:
             view = self.view(self.agents.home.database(db_id))
             if not view.loaded:
-                self._inflight[db_id] = self._threads().submit(view.load)
+                self._inflight[db_id] = self._threads().submit(self._build, db_id, view)
+
+    def first_turn_ids(self, limit: int = WARM_LIMIT) -> list[str]:
+        """What an agent's first turn searches, at most ``limit`` databases: every agent's own
+        database, then the banks each auto-recalls in every session (attached, then its default
+        banks from config.yaml), agent by agent. Nothing else is read: a node of a thousand
+        banks starts as fast as one of ten."""
+        home = self.agents.home
+        hosted = set(home.database_ids())
+        records = self.agents.agents()
+        out = [r.db_id for r in records if r.db_id in hosted][:limit]
+        for rec in records:
+            if len(out) >= limit:
+                break
+            if rec.db_id not in hosted:
+                continue
+            state = agent_state(home.database(rec.db_id))
+            banks = list(state.attached.get(None, []))
+            banks += [b.db_id for name in self.settings.default_banks(rec.name)
+                      if (b := home.registry.bank(name)) is not None]
+            for db_id in banks:
+                if db_id in hosted and db_id not in out and len(out) < limit:
+                    out.append(db_id)
+        return out
+
+    def _build(self, db_id: str, view: MemoryView) -> None:
+        """Build ``view`` (a search thread) and record its size for the budget."""
+        view.load()
+        self._views.measure(db_id, view)
 
     # ------------------------------------------------------------------ views
     def view(self, db: Database) -> MemoryView:
-        view = self._views.get(db.id)
-        if view is None:
+        """The database's view, opened on first use (built now, or under serve on its first
+        search); opening one may close the least recently used idle views over the memory
+        budget (node/memory/open_views.py)."""
+        view = self._views.use(db.id)
+        if view is None or view.db is not db:
             store, dim = None, None
             if self.embedder is not None:
                 store = self.embedder.store_name
                 # Only a size known without a network call: a view must open even when a
                 # remote embedder is down.
                 dim = self.embedder.known_dim if hasattr(self.embedder, "known_dim") else self.embedder.dim
-            view = self._views[db.id] = MemoryView(db, embedding_store=store, dim=dim, lazy=self.serving)
+            view = MemoryView(db, embedding_store=store, dim=dim, lazy=self.serving, snapshots=self.snapshots)
+            self._views.add(db.id, view)
         return view
+
+    def open_view(self, db_id: str) -> MemoryView | None:
+        """The database's view if it is open and built, else None: never opens or builds one,
+        and is not counted as a use (status reads counts through it)."""
+        view = self._views.peek(db_id)
+        return view if view is not None and view.loaded else None
+
+    def view_stats(self) -> ViewStats:
+        """How many views are open, their estimated bytes and the budget (status)."""
+        return self._views.stats()
+
+    def open_view_ids(self) -> list[str]:
+        """The databases whose view is open, least recently used first."""
+        return self._views.ids()
+
+    def _budget(self) -> int:
+        return self.settings.view_budget_bytes()
+
+    def _busy(self, db_id: str) -> bool:
+        running = self._inflight.get(db_id)
+        return running is not None and not running.done()
 
     def _load_embedder(self) -> None:
         assert self.embedder is not None

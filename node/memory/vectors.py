@@ -39,6 +39,19 @@ prefix is taken down to ``t - 2*tol`` below the m-th best approximate score ``t`
 only results whose exact score is >= ``t - tol`` are trusted before the prefix grows.
 With ``limit=None`` every positive candidate is rescored.
 
+Quantised first pass (decision, docs/memory.md "Quantised first pass"): from
+``quantise_from`` rows up (default :data:`QUANTISE_FROM`), a search with a limit ranks by
+int8 codes first (:mod:`node.memory.quantised`: exact integer scores, a pure function of a
+row's float32 bits) and rescores as float64 only the candidates: every row whose quantised
+score is >= the ``C``-th best (ties all in), ``C = max(candidate_factor * limit,
+candidate_min)`` (defaults :data:`CANDIDATE_FACTOR`, :data:`CANDIDATE_MIN`), ``C`` growing 4x
+while fewer than ``limit`` results survive. Only the candidate rows of the float32 matrix are
+read, so it may be a read-only memmap (:meth:`from_units`). The result is deterministic (the
+cut does not depend on storage order) and every score is the exact float64 cosine, but a row
+the codes rank below the cut is missed: the ranking is approximate (measured by
+bench/scale_vectors.py). Below the threshold, and with ``limit=None``, the exact path above
+runs unchanged.
+
 Not thread-safe: callers serialise access.
 """
 
@@ -52,8 +65,15 @@ import numpy as np
 
 from .arrays import as_doc_id
 from .fusion import _check_limit, rank_candidates
+from .quantised import Int8Codes, quantise_query
 
-__all__ = ["VectorIndex"]
+__all__ = ["CANDIDATE_FACTOR", "CANDIDATE_MIN", "QUANTISE_FROM", "VectorIndex"]
+
+# Rows from which a search with a limit takes the quantised first pass (measured where it pays,
+# docs/memory.md "Quantised first pass"), and its candidate depth.
+QUANTISE_FROM = 20_000
+CANDIDATE_FACTOR = 4
+CANDIDATE_MIN = 512
 
 _MIN_ROWS = 16
 _RESCORE_CHUNK = 8192
@@ -119,21 +139,101 @@ def _dd_sums(sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class VectorIndex:
     """Cosine-similarity index of ``dim``-dimensional vectors keyed by int doc id."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        quantise_from: int | None = QUANTISE_FROM,
+        candidate_factor: int = CANDIDATE_FACTOR,
+        candidate_min: int = CANDIDATE_MIN,
+    ) -> None:
+        """``quantise_from``: rows from which a search with a limit takes the quantised first
+        pass (None: never; the codes are then not kept); its candidate depth is
+        ``max(candidate_factor * limit, candidate_min)`` (tests lower all three to exercise the
+        pass on a few rows)."""
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if quantise_from is not None and (
+            isinstance(quantise_from, bool) or not isinstance(quantise_from, (int, np.integer)) or quantise_from < 0
+        ):
+            raise ValueError(f"quantise_from must be a non-negative integer or None, got {quantise_from!r}")
+        for name, value in (("candidate_factor", candidate_factor), ("candidate_min", candidate_min)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self._candidate_factor = int(candidate_factor)
+        self._candidate_min = int(candidate_min)
         self.dim = int(dim)
         self._mat = np.zeros((_MIN_ROWS, self.dim), dtype=np.float32)
         self._ids = np.empty(_MIN_ROWS, dtype=np.int64)
         self._row: dict[int, int] = {}
         self._n = 0
         self._tol = (self.dim + 2) * 2.0**-23
+        self._quantise_from = None if quantise_from is None else int(quantise_from)
+        self._codes = None if quantise_from is None else Int8Codes(self.dim, _MIN_ROWS)
+        self._borrowed = False  # _mat is the caller's array (from_units): copied before a write
+
+    @classmethod
+    def from_units(
+        cls,
+        dim: int,
+        ids: Iterable[int] | np.ndarray,
+        units: np.ndarray,
+        *,
+        quantise_from: int | None = QUANTISE_FROM,
+        candidate_factor: int = CANDIDATE_FACTOR,
+        candidate_min: int = CANDIDATE_MIN,
+    ) -> VectorIndex:
+        """An index holding exactly ``units[i]`` (float32 rows as :meth:`units` returned them,
+        not renormalised) for ``ids[i]``. A C-contiguous float32 ``units`` (read-only or a
+        memmap included) is used as it is, not copied, until the index is changed; its codes
+        are built here (reading every row once)."""
+        index = cls(dim, quantise_from=quantise_from, candidate_factor=candidate_factor, candidate_min=candidate_min)
+        id_arr = np.fromiter((as_doc_id(d) for d in ids), dtype=np.int64)
+        n = len(id_arr)
+        if not isinstance(units, np.ndarray) or units.dtype != np.float32 or units.shape != (n, index.dim):
+            got = f"{getattr(units, 'dtype', type(units).__name__)} {getattr(units, 'shape', '')}"
+            raise ValueError(f"expected float32 units of shape ({n}, {index.dim}), got {got}")
+        if len(np.unique(id_arr)) != n:
+            raise ValueError("ids must be distinct")
+        if n == 0:
+            return index
+        mat = units if units.flags.c_contiguous else np.ascontiguousarray(units)
+        codes = None if index._quantise_from is None else Int8Codes(index.dim, n)
+        for a in range(0, n, _RESCORE_CHUNK):
+            block = mat[a : a + _RESCORE_CHUNK]
+            if not np.all(np.isfinite(block)):
+                raise ValueError("units have non-finite entries")
+            if codes is not None:
+                codes.put(a, block)
+        index._mat, index._ids, index._codes = mat, id_arr, codes
+        index._borrowed = mat is units
+        index._row = dict(zip(id_arr.tolist(), range(n)))
+        index._n = n
+        return index
+
+    def units(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, rows)``: the doc ids and their normalised float32 rows, in storage order
+        (read-only views, valid until the index changes)."""
+        ids, rows = self._ids[: self._n], self._mat[: self._n]
+        ids.flags.writeable = False
+        rows = rows.view()
+        rows.flags.writeable = False
+        return ids, rows
+
+    def _own(self) -> None:
+        if self._borrowed:
+            self._mat = np.array(self._mat, dtype=np.float32, order="C")
+            self._borrowed = False
 
     def __len__(self) -> int:
         return self._n
 
     def __contains__(self, doc_id: object) -> bool:
         return doc_id in self._row
+
+    def nbytes(self) -> int:
+        """Bytes of the rows' storage (capacity included) and of their codes."""
+        return self.capacity * self.dim * 4 + (0 if self._codes is None else self._codes.nbytes)
 
     @property
     def capacity(self) -> int:
@@ -146,6 +246,9 @@ class VectorIndex:
         ids = np.empty(rows, dtype=np.int64)
         ids[: self._n] = self._ids[: self._n]
         self._mat, self._ids = mat, ids
+        self._borrowed = False
+        if self._codes is not None:
+            self._codes.resize(rows, self._n)
 
     def _unit64(self, vector: Any) -> np.ndarray:
         v = np.asarray(vector)
@@ -183,8 +286,11 @@ class VectorIndex:
     def _put(self, doc_id: int, unit: np.ndarray) -> None:
         if self._n == len(self._mat):
             self._resize(max(_MIN_ROWS, len(self._mat) + len(self._mat) // 2))
+        self._own()
         r = self._n
         self._mat[r] = unit
+        if self._codes is not None:
+            self._codes.put(r, self._mat[r : r + 1])
         self._ids[r] = doc_id
         self._row[doc_id] = r
         self._n = r + 1
@@ -223,6 +329,7 @@ class VectorIndex:
         r0 = self._n
         if r0 + n > len(self._mat):
             self._resize(r0 + n)
+        self._own()
         # Rows r0.. are written chunk by chunk but only become part of the index (``_n``,
         # ids) once every chunk has passed the checks; a refused call leaves them unused.
         for a in range(0, n, _BULK_CHUNK):
@@ -238,6 +345,8 @@ class VectorIndex:
             for i in np.flatnonzero(~ok).tolist():
                 unit[i] = self._unit64(v[i])  # add's exact path (math.fsum)
             self._mat[r0 + a : r0 + a + len(v)] = unit
+            if self._codes is not None:
+                self._codes.put(r0 + a, self._mat[r0 + a : r0 + a + len(v)])
         self._ids[r0 : r0 + n] = id_list
         self._row.update(zip(id_list, range(r0, r0 + n)))
         self._n = r0 + n
@@ -245,14 +354,20 @@ class VectorIndex:
     def remove(self, doc_id: int) -> None:
         """Remove ``doc_id`` (KeyError if absent); the last row moves into its place."""
         doc_id = as_doc_id(doc_id)
-        r = self._row.pop(doc_id)
+        r = self._row[doc_id]
+        self._own()
+        del self._row[doc_id]
         last = self._n - 1
         if r != last:
             self._mat[r] = self._mat[last]
+            if self._codes is not None:
+                self._codes.move(last, r)
             moved = int(self._ids[last])
             self._ids[r] = moved
             self._row[moved] = r
         self._mat[last] = 0.0
+        if self._codes is not None:
+            self._codes.clear(last)
         self._n = last
 
     def vector(self, doc_id: int) -> np.ndarray:
@@ -284,6 +399,18 @@ class VectorIndex:
         q64 = self._unit64(query_vec)
         if self._n == 0 or limit == 0 or not q64.any():
             return []
+        if self._codes is not None and limit is not None and self._n >= (self._quantise_from or 0):
+            return self._search_quantised(q64, limit, allowed, tiebreak, mask)
+        return self._search_exact(q64, limit, allowed, tiebreak, mask)
+
+    def _search_exact(
+        self,
+        q64: np.ndarray,
+        limit: int | None,
+        allowed: Callable[[int], bool] | None,
+        tiebreak: Callable[[int], Any] | None,
+        mask: np.ndarray | None,
+    ) -> list[tuple[int, float]]:
         q32 = q64.astype(np.float32)
         tol = self._tol
         if mask is None:
@@ -336,3 +463,47 @@ class VectorIndex:
             if floor is None or floor <= 0.0 or len(result) == limit:
                 return result
             m *= 4
+
+    def _search_quantised(
+        self,
+        q64: np.ndarray,
+        limit: int,
+        allowed: Callable[[int], bool] | None,
+        tiebreak: Callable[[int], Any] | None,
+        mask: np.ndarray | None,
+    ) -> list[tuple[int, float]]:
+        assert self._codes is not None
+        n = self._n
+        rows: np.ndarray | None = None
+        if mask is not None:
+            rows = np.flatnonzero(mask[self._ids[:n]])
+        total = n if rows is None else len(rows)
+        depth = max(self._candidate_factor * limit, self._candidate_min)
+        scores: np.ndarray | None = None
+        if allowed is not None:
+            memo: dict[int, bool] = {}
+            user_allowed = allowed
+
+            def allowed(d: int) -> bool:  # memoised across candidate sets
+                v = memo.get(d)
+                if v is None:
+                    v = memo[d] = bool(user_allowed(d))
+                return v
+
+        while depth < total:
+            if scores is None:
+                scores = self._codes.scores(quantise_query(q64), n, rows)
+            t = np.partition(scores, total - depth)[total - depth]
+            picked = np.flatnonzero(scores >= t)  # whole tie groups: no storage order
+            if len(picked) >= total:
+                break
+            cand = picked if rows is None else rows[picked]
+            exact = self._exact(cand, q64)
+            keep = exact > 0.0
+            result = rank_candidates(self._ids[cand[keep]], exact[keep], limit=limit, allowed=allowed, tiebreak=tiebreak)
+            if len(result) == limit:
+                return result
+            depth *= 4
+        # The candidates would be every row: the exact path gives that ranking (and reads the
+        # float32 rows once rather than rescoring them all as float64).
+        return self._search_exact(q64, limit, allowed, tiebreak, mask)

@@ -44,6 +44,7 @@ Labels and visibility (node/memory/labels.py)
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -57,7 +58,7 @@ from .heap import release_freed_memory
 from .labels import FLAG_NAMES, NO_FLAG, Labels, row_labels
 from .quarantine import Quarantine, hidden_mask, quarantines
 from .recall_args import check_dim, check_filter_tags, check_query_vector, check_store
-from .recall_index import RRF_DEPTH
+from .recall_index import RRF_DEPTH, text_key
 from .relevance import floor_for
 from .rows import Memory, MemoryInputError, normalized_value
 from .timeline import Filters, current_in
@@ -112,6 +113,65 @@ class MemoryView(ViewFeed):
     def load(self) -> None:
         """Build the index now if it is not built."""
         self._current_index()
+
+    @locked
+    def save_snapshot(self) -> bool:
+        """Write this view's snapshot now (node/memory/snapshot.py); False when the view has no
+        snapshot directory or is not built."""
+        return self._save_snapshot()
+
+    @property
+    def snapshot_due(self) -> bool:
+        """Whether a snapshot is worth writing now (large enough, and none on disk that holds
+        nearly all of it); never waits for the lock (False when a search holds it)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._drain()
+            return self._snapshot_due()
+        finally:
+            self._lock.release()
+
+    @locked
+    def fingerprint(self) -> str:
+        """SHA-256 of what this view holds, whatever its doc numbering: per row its memory,
+        whether it is current, its columns, labels and vectors (bits, block); per key its
+        timeline; the BM25 statistics; the vectors waiting for their rows. Two views of the
+        same rows give the same fingerprint however they were built (``memmesh check``
+        compares a snapshot's with a rebuild's)."""
+        ix = self._current_index()
+        cols = ix.cols
+        authors = {i: a for a, i in cols.authors.items()}
+        categories = {i: c for c, i in cols.categories.items()}
+        h = hashlib.sha256()
+        per_row = []
+        for doc, m in enumerate(ix.mem):
+            vecs = []
+            for dim, block in sorted(ix.vectors.items()) + sorted((-d, b) for d, b in ix.old_vectors.items()):
+                if doc in block:
+                    vecs.append((dim, block.vector(doc).tobytes(), ix.vec_order[(doc, abs(dim))]))
+            per_row.append(repr((
+                m.row_key, m, bool(cols.current[doc]), float(cols.height[doc]), categories.get(int(cols.category[doc])),
+                int(cols.confidence[doc]), int(cols.valid_from[doc]), int(cols.valid_to[doc]), int(cols.ts[doc]),
+                authors.get(int(cols.author[doc])), int(cols.seq[doc]), int(cols.flag[doc]), bool(cols.secret[doc]),
+                bool(cols.ingested[doc]), bool(cols.derived[doc]), ix.secret_of.get(doc), ix.tiebreak[doc], vecs)))
+        for line in sorted(per_row):
+            h.update(line.encode("utf-8", "surrogatepass") + b"\n")
+        row_key = [m.row_key for m in ix.mem]
+        h.update(repr(sorted((k, row_key[d]) for k, d in self._current.items())).encode("utf-8", "surrogatepass"))
+        for key in sorted(set(self._history) | set(self._tombs)):
+            h.update(repr((key, [r.row_key for r in self.timeline(key)])).encode("utf-8", "surrogatepass"))
+        h.update(repr(sorted(self._retired.items())).encode("utf-8", "surrogatepass"))
+        h.update(repr(sorted(self._seen)).encode("utf-8", "surrogatepass"))
+        h.update(repr(sorted((r, sorted((d, o, v.tobytes()) for d, (o, v) in slot.items()))
+                             for r, slot in self._pending.items())).encode("utf-8", "surrogatepass"))
+        h.update(repr((len(ix.all_bm25), ix.all_bm25.avgdl, len(ix.bm25), ix.bm25.avgdl,
+                       ix.flagged, ix.ingested, ix.derived, ix.scored)).encode())
+        h.update(repr(sorted((t, ix.all_bm25.df(t), ix.bm25.df(t)) for t in ix.all_bm25.vocabulary()
+                             if ix.all_bm25.df(t))).encode("utf-8", "surrogatepass"))
+        h.update(repr(sorted((t, sorted(row_key[d] for d in ds)) for t, ds in ix.tag_docs.items())).encode("utf-8", "surrogatepass"))
+        h.update(repr(sorted((e, sorted(row_key[d] for d in ds)) for e, ds in ix.entity_docs.items())).encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
 
     @locked
     def set_embedding_store(self, store: str | None, *, dim: int | None = None) -> None:
@@ -365,7 +425,7 @@ class MemoryView(ViewFeed):
         newest first: a lookup by the normalised text's hash, then an exact comparison."""
         ix = self._current_index()
         wanted = normalized_value(value)
-        docs = [d for d in ix.text_docs.get(hash(wanted), ()) if ix.cols.current[d]
+        docs = [d for d in ix.text_docs.get(text_key(wanted), ()) if ix.cols.current[d]
                 and normalized_value(ix.mem[d].value) == wanted]
         return [ix.mem[d] for d in sorted(docs, key=ix.tiebreak.__getitem__)]
 

@@ -12,6 +12,15 @@ Rebuild (on construction, e.g. the first recall after opening a node, and after 
     :meth:`VectorIndex.add_many` per block and vector length, with the cyclic GC paused. It
     gives the same recall results, bit for bit, as a view fed the same rows one by one (tested).
 
+Snapshots (node/memory/snapshot.py)
+    Given a :class:`Snapshots`, the first build reads the view's snapshot instead of the log when
+    every check passes: the file's own (digest, format, code fingerprint), then that each entry
+    whose rows it reflects (``_applied``, per store) still shows them now; the rows of entries it
+    does not reflect are then applied as events would apply them. Anything else (no file, a
+    damaged or stale one) is a rebuild from the log, and a stale or damaged file is removed.
+    ``_applied`` is kept exactly: every event and every rebuild adds the entries of the rows it
+    applied, so a snapshot written at any moment says which entries its state holds.
+
 Threads
     The public methods take the view's lock. Auto-recall searches several views at once from a
     pool of threads while the database thread goes on (node/memory/service.py), so a database
@@ -22,12 +31,14 @@ Threads
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import logging
+import operator
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
@@ -41,11 +52,15 @@ from .quarantine import QUARANTINE_STORE, Quarantine
 from .recall_args import check_dim, check_store
 from .recall_index import Order, RecallIndex
 from .rows import MEMORY_STORE, SUPERSEDES, Memory, parse_embedding, parse_embeddings, parse_memory
+from .snapshot import Meta, SnapshotRejected, Snapshots, dump_state
 from .timetable import TimeTable
+from .vectors import VectorIndex
 
 log = logging.getLogger("memmesh.node.memory.view")  # one logger for the whole view: its lines keep their name
 
 _NEVER: Order = (-1, "", -1)  # before every row in T order
+_FIELDS = tuple(f.name for f in dataclasses.fields(Memory))
+_FIELD_VALUES = operator.attrgetter(*_FIELDS)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -98,12 +113,21 @@ class ViewFeed:
     (or rebuilt from its rows); MemoryView answers queries over them."""
 
     def __init__(self, db: Database, *, embedding_store: str | None = None, dim: int | None = None,
-                 lazy: bool = False) -> None:
+                 lazy: bool = False, snapshots: Snapshots | None = None,
+                 vector_index: Callable[[int], VectorIndex] = VectorIndex) -> None:
         """``lazy``: build the index on first use, not here (a serving node builds it on a
-        search thread, not on the database thread)."""
+        search thread, not on the database thread). ``snapshots``: where this view's snapshot
+        is read from on its first build and written to (None: always built from the log).
+        ``vector_index``: makes the vector blocks (:class:`RecallIndex`)."""
+        self._vector_index = vector_index
         self._db = db
         self._store = check_store(embedding_store)
         self._dim = check_dim(dim)
+        self._snapshots = snapshots
+        self._snapshot_tried = snapshots is None
+        self._snap_docs: int | None = None  # docs the snapshot on disk holds (None: none that is good)
+        self.opened_from: str | None = None  # "snapshot" or "log", once built
+        self.snapshot_note: str | None = None  # why the snapshot was not used
         self._stale = True
         self._lock = threading.RLock()
         self._backlog: deque[RowsAdded | Rebuilt] = deque()
@@ -119,7 +143,7 @@ class ViewFeed:
 
     # ---------------------------------------------------------------------------- state
     def _reset(self) -> None:
-        self._ix = RecallIndex()
+        self._ix = RecallIndex(self._vector_index)
         self._times = TimeTable(self._ix.cols, self._order_of)
         self._current: dict[str, int] = {}  # memory key -> doc of its current row
         self._history: dict[str, list[Memory]] = {}  # memory key -> every well-formed row of it
@@ -130,6 +154,7 @@ class ViewFeed:
         self._seen: set[str] = set()  # row keys of every memory row seen (malformed ones too)
         self._pending: dict[str, dict[int, tuple[Order, np.ndarray]]] = {}  # row -> length -> vec
         self._pasts: dict[str, Past] = {}
+        self._applied: dict[str, set[str]] = {}  # store -> entries whose rows this state holds
         self._version = 0  # counts docs added: a cached past is valid for one version
         self._qs: list[Quarantine] | None = None  # the bank's quarantines, read on need
         self._hidden: tuple[int, np.ndarray | None] | None = None  # (docs, mask) for self._qs
@@ -156,12 +181,19 @@ class ViewFeed:
         # Bulk: read every row once, docs in T order, then one bulk load per index. The result
         # is the state that feeding the rows one by one would give (tested).
         self._stale = True
+        if not self._snapshot_tried:
+            self._snapshot_tried = True
+            if self._restore():
+                return
         self._reset()
+        self._snap_docs = None
         with gc_paused():
             mems: list[Memory] = []
             seen = self._seen
+            applied = self._applied.setdefault(MEMORY_STORE, set())
             for rec in self._db.rows(MEMORY_STORE):  # in T order
                 seen.add(rec.key)
+                applied.add(rec.entry_id)
                 m = parse_memory(rec)
                 if m is not None:
                     mems.append(m)
@@ -193,6 +225,7 @@ class ViewFeed:
             self._version += 1
             self._load_vectors()
         self._stale = False
+        self.opened_from = "log"
         release_freed_memory()
 
     def _load_vectors(self) -> None:
@@ -201,10 +234,12 @@ class ViewFeed:
         ix.old_vectors = {}
         ix.vec_order = {}
         self._pending = {}
+        self._applied = {s: e for s, e in self._applied.items() if s == MEMORY_STORE}
         if self._store is None:
             return
         with gc_paused():
             records = self._db.rows(self._store)
+            self._applied[self._store] = {rec.entry_id for rec in records}
             best: dict[tuple[int, int], tuple[Order, np.ndarray]] = {}
             row_doc, seen, pending = ix.row_doc, self._seen, self._pending
             for rec, parsed in zip(records, parse_embeddings(records, self._dim)):
@@ -247,16 +282,130 @@ class ViewFeed:
                     self._stale = True
                 elif isinstance(event, RowsAdded):
                     if event.store == MEMORY_STORE:
-                        for rec in event.rows:
-                            self._add_memory(rec)
+                        self._feed_memories(event.rows)
                     elif event.store == self._store:
-                        for rec in event.rows:
-                            self._add_vector(rec)
+                        self._feed_vectors(event.rows)
                     elif event.store == QUARANTINE_STORE:
                         self._qs = None
             except Exception:  # a bug here must not fail the database's write
                 log.exception("memory view of %s failed to apply an update; it will be rebuilt", self._db.id)
                 self._stale = True
+
+    def _feed_memories(self, rows: Iterable[RowRecord]) -> None:
+        applied = self._applied.setdefault(MEMORY_STORE, set())
+        for rec in rows:
+            applied.add(rec.entry_id)
+            self._add_memory(rec)
+
+    def _feed_vectors(self, rows: Iterable[RowRecord]) -> None:
+        assert self._store is not None
+        applied = self._applied.setdefault(self._store, set())
+        for rec in rows:
+            applied.add(rec.entry_id)
+            self._add_vector(rec)
+
+    # ------------------------------------------------------------------------- snapshots
+    def _stores(self) -> list[str]:
+        return [MEMORY_STORE] if self._store is None else [MEMORY_STORE, self._store]
+
+    def _restore(self) -> bool:
+        """Load the snapshot if it is good (module docstring), then apply what it lacks."""
+        assert self._snapshots is not None
+        db = self._db
+        try:
+            with gc_paused():  # unpickling makes many objects and no cycles to collect
+                state = self._snapshots.read(db.id, self._store, self._dim)
+            stores = self._stores()
+            applied = state["applied"]
+            if sorted(applied) != sorted(stores):
+                raise SnapshotRejected("of another set of stores")
+            shown = {s: db.shown_entries(s) for s in stores}
+            for s in stores:
+                if not applied[s] <= shown[s]:
+                    raise SnapshotRejected("stale: entries whose rows it holds no longer show them "
+                                           "(a revocation, an erasure or a fork changed them)")
+        except SnapshotRejected as exc:
+            self.snapshot_note = str(exc)
+            if str(exc) != "no snapshot":
+                log.info("view snapshot of %s not used (%s): rebuilding from the log", db.id, exc)
+                self._snapshots.drop(db.id, self._store, self._dim)
+            return False
+        try:
+            with gc_paused():
+                self._install(state)
+                self._snap_docs = self._ix.cols.n
+                self._feed_memories(db.rows_of(MEMORY_STORE, shown[MEMORY_STORE] - applied[MEMORY_STORE]))
+                if self._store is not None:
+                    self._feed_vectors(db.rows_of(self._store, shown[self._store] - applied[self._store]))
+        except Exception:  # a state this code cannot take (only a bug of the writer): rebuild
+            log.exception("view snapshot of %s could not be installed: rebuilding from the log", db.id)
+            self.snapshot_note = "could not be installed"
+            self._snapshots.drop(db.id, self._store, self._dim)
+            return False
+        self._stale = False
+        self.opened_from = "snapshot"
+        return True
+
+    def _install(self, state: dict) -> None:
+        self._reset()
+        mems = list(map(Memory, *state["mems"])) if state["mems"] else []
+        ix: RecallIndex = state["ix"]
+        ix.mem = mems
+        times: TimeTable = state["times"]
+        times._order_of = self._order_of
+        self._ix, self._times = ix, times
+        self._current = state["current"]
+        self._history = {k: [mems[d] for d in docs] for k, docs in state["history"].items()}
+        self._tombs = {k: [mems[d] for d in docs] for k, docs in state["tombs"].items()}
+        self._newest = {k: mems[d] for k, d in state["newest"].items()}
+        self._retired = state["retired"]
+        self._key_ids = state["key_ids"]
+        self._seen = state["seen"]
+        self._pending = state["pending"]
+        self._applied = state["applied"]
+        self._version = state["version"] + 1
+
+    def _save_snapshot(self) -> bool:
+        """Write this state's snapshot (the caller holds the lock, the queue drained)."""
+        if self._snapshots is None or self._stale:
+            return False
+        ix, times = self._ix, self._times
+        mems, order_of = ix.mem, times._order_of
+        doc_of = ix.row_doc
+
+        def docs(ms: list[Memory]) -> list[int]:
+            return [doc_of[m.row_key] for m in ms]
+
+        state = {
+            "ix": ix, "times": times,
+            "mems": [list(col) for col in zip(*map(_FIELD_VALUES, mems))],
+            "current": self._current,
+            "history": {k: docs(v) for k, v in self._history.items()},
+            "tombs": {k: docs(v) for k, v in self._tombs.items()},
+            "newest": {k: doc_of[m.row_key] for k, m in self._newest.items()},
+            "retired": self._retired, "key_ids": self._key_ids, "seen": self._seen,
+            "pending": self._pending, "applied": self._applied, "version": self._version,
+        }
+        # The rows go as columns (above), and the timetable's callback is this view's: both are
+        # put back on reading (_install).
+        ix.mem, times._order_of = [], None  # type: ignore[assignment]
+        try:
+            self._snapshots.write(Meta(self._db.id, self._store, self._dim, ix.cols.n),
+                                  lambda out: dump_state(state, out))
+        finally:
+            ix.mem, times._order_of = mems, order_of
+        self._snap_docs = ix.cols.n
+        return True
+
+    def _snapshot_due(self) -> bool:
+        """Whether a snapshot is worth writing: a built view large enough, with no good
+        snapshot on disk or one that lacks a tenth of its docs (at least 1,000)."""
+        if self._snapshots is None or self._stale:
+            return False
+        n = self._ix.cols.n
+        if n < self._snapshots.min_docs:
+            return False
+        return self._snap_docs is None or n - self._snap_docs >= max(1000, n // 10)
 
     def _add_memory(self, rec: RowRecord) -> None:
         if rec.key in self._seen:

@@ -89,6 +89,8 @@ class Intake:
         """Ingest the next chunk (at most ``room`` entries, if given)."""
         chunk = self.entries[self.done:self.done + (self.size if room is None else min(self.size, room))]
         self.done += len(chunk)
+        # The next chunk's signatures are checked while this one is applied (crdt/verify_pipeline.py).
+        db.verify_ahead(self.entries[self.done:self.done + self.size])
         t0 = time.monotonic()
         result = db.ingest(chunk, source=source)
         self.size = next_chunk(len(chunk), time.monotonic() - t0, self.size)

@@ -36,6 +36,14 @@ class Counts(Answer):
     errors: int
 
 
+class MemoryViews(Answer):
+    views_open: int = Field(description="banks whose recall index is built in memory now")
+    view_bytes: int = Field(description="their estimated bytes (arrays and Python objects)")
+    budget_bytes: int = Field(description="memory.view_budget_mib in bytes: past it the least recently used "
+                                          "idle indexes are closed")
+    closed: int = Field(description="indexes closed under the budget since the node opened")
+
+
 class NodeView(Answer):
     key: str
     serving: bool
@@ -44,6 +52,7 @@ class NodeView(Answer):
     uptime_s: float | None
     verify: Verify
     counts: Counts
+    memory: MemoryViews
 
 
 class GrantRow(Answer):
@@ -110,7 +119,8 @@ class DatabaseStatus(Answer):
     payload_pending: int
     refused_by_reason: dict[str, int]
     grants: list[GrantRow]
-    recall: RecallStatus
+    recall: RecallStatus | None = Field(description="null while the bank's recall index is not open: status never "
+                                                    "builds one (memmesh memory status BANK does)")
     sync: BankSync
 
 
@@ -351,6 +361,14 @@ class DatabaseRepair(Answer):
     fenced: bool
 
 
+class ViewSnapshot(Answer):
+    file: str
+    store: str | None
+    dim: int | None
+    docs: int | None
+    verdict: str
+
+
 class DatabaseReport(Answer):
     db: str
     name: str
@@ -364,6 +382,7 @@ class DatabaseReport(Answer):
     waiting_for: list[str]
     aside: list[dict[str, Any]]
     repair: DatabaseRepair | None
+    views: list[ViewSnapshot]
 
 
 class CheckAnswer(Answer):
@@ -376,6 +395,7 @@ class CheckAnswer(Answer):
     keys: KeysReport
     local: list[Problem]
     databases: list[DatabaseReport]
+    stray_views: list[ViewSnapshot]
     seconds: float
     entries: int
     signatures: int

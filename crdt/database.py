@@ -146,7 +146,7 @@ class Database:
     @classmethod
     def open(cls, storage: Storage, db_id: str, *, pending_limits: PendingLimits | None = None,
              clock: Callable[[], int] | None = None) -> Database:
-        if db_id not in storage.databases():
+        if not storage.has_database(db_id):
             raise MemmeshError(f"no database {db_id} on this node")
         db = cls(storage, db_id, pending_limits=pending_limits, clock=clock)
         db._load()

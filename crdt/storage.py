@@ -307,6 +307,11 @@ class Storage(ABC):
     def databases(self) -> list[str]:
         """Database ids in creation order."""
 
+    def has_database(self, db_id: str) -> bool:
+        """Whether ``db_id`` is registered (an adapter may answer without listing them all:
+        a node opens each of its thousand banks by id)."""
+        return db_id in self.databases()
+
     @abstractmethod
     def append(
         self, db_id: str, entries: Iterable[StoredEntry], *, drop_pending: Sequence[str] = ()

@@ -1,7 +1,8 @@
 """How many entry signatures this process verified, and the time it spent on them.
 
-A process-wide counter (signatures are checked in crdt/entry.py, on several threads at once
-for a batch), read by `memmesh status` to show the verify rate: signatures per second of
+A process-wide counter (signatures are checked in crdt/entry.py and, for a large batch, partly
+in the signature worker process: crdt/verify_process.py, whose check times are counted here
+too), read by `memmesh status` to show the verify rate: signatures per second of
 verification time, which says whether the machine keeps up with what peers send.
 """
 from __future__ import annotations

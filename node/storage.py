@@ -226,6 +226,10 @@ class SqliteStorage(PendingArea, DamagedArea, FileChecks, LocalRecords, Storage)
         with self._reading() as conn:
             return [row[0] for row in conn.execute("SELECT db_id FROM databases ORDER BY seq")]
 
+    def has_database(self, db_id: str) -> bool:
+        with self._reading() as conn:
+            return conn.execute("SELECT 1 FROM databases WHERE db_id = ?", (db_id,)).fetchone() is not None
+
     def append(
         self, db_id: str, entries: Iterable[StoredEntry], *, drop_pending: Sequence[str] = ()
     ) -> int:

@@ -67,6 +67,7 @@ class StorageConformance:
         assert s.databases() == ["z", "a", "m"]
         s = self.reopen(s, location)
         assert s.databases() == ["z", "a", "m"]
+        assert s.has_database("m") and not s.has_database("b") and not s.has_database("")
         s.close()
 
     def test_unknown_database_raises(self, store):

@@ -7,6 +7,7 @@ with recall answers, scores included.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 
 from memmesh.crdt.database import Database
 from memmesh.node.memory import snapshot as snapshot_module
-from memmesh.node.memory.rows import MEMORY_STORE, embedding_store, embedding_value, memory_value
+from memmesh.node.memory.rows import MEMORY_STORE, Memory, embedding_store, embedding_value, memory_value
 from memmesh.node.memory.snapshot import Snapshots
 from memmesh.node.memory.view import MemoryView
 from memmesh.node.storage import SqliteStorage
@@ -408,3 +409,36 @@ def test_a_view_closed_over_the_memory_budget_keeps_its_snapshot_first(bank, tmp
     again = view(db, snaps)
     assert again.opened_from == "snapshot" and again.fingerprint() == expected
     storage.close()
+
+
+def test_check_reports_a_snapshot_that_differs_from_a_rebuild_as_damage_and_repair_removes_it(tmp_path):
+    # A snapshot that passes every check of its own but holds another value than the log (what a
+    # bug of the writer would leave): check must find it by comparing with a rebuild.
+    from memmesh.node import Node
+    from memmesh.node.integrity import check_home
+    from memmesh.node.memory.snapshot import MIN_DOCS, Meta, dump_state
+    from tests.homes import agent_with_bank
+
+    home = tmp_path / "home"
+    node, _ = Node.init(home)
+    with node:
+        node.run("embedder.set", {"provider": "hashed"})
+        agent_with_bank(node.run, bank="big")
+        _fill(node, "big", MIN_DOCS + 10)
+        db_id = _bank_view(node, "big").db.id
+        store, dim = node.memory.embedder.store_name, node.memory.embedder.dim
+    snaps = Snapshots(home / "views")
+    state = snaps.read(db_id, store, dim)
+    values = state["mems"][[f.name for f in dataclasses.fields(Memory)].index("value")]
+    values[0] = "a value no entry holds"
+    snaps.write(Meta(db_id, store, dim, len(values)), lambda out: dump_state(state, out))
+
+    with Node.open(home) as node:
+        report = node.run("check", {}).data
+    (big,) = [d for d in report["databases"] if d["name"] == "big"]
+    assert big["views"][0]["verdict"] == "DIFFERS from a rebuild" and not report["healthy"]
+    assert [p["code"] for p in big["problems"]] == ["view.snapshot"] and snaps.files()
+    repaired = check_home(home, repair=True)
+    assert not snaps.files() and repaired.healthy
+    (big,) = [d for d in repaired.databases if d.name == "big"]
+    assert big.views[0]["verdict"] == "DIFFERS from a rebuild; removed"

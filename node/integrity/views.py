@@ -53,18 +53,22 @@ def check_views(home: Path, db: Database, files: list[tuple[Path, Meta]], *, rep
         if snaps.path_for(meta.db, meta.store, meta.dim) != path:
             out.append(_row(path, meta, "not used: its name does not match what it holds"))
             continue
+        # One view at a time: a bank's view may take gigabytes.
         opened = MemoryView(db, embedding_store=meta.store, dim=meta.dim, snapshots=snaps)
         try:
-            if opened.opened_from != "snapshot":
-                out.append(_row(path, meta, f"not used: {opened.snapshot_note}; the next opening rebuilds the view"))
-                continue
-            rebuilt = MemoryView(db, embedding_store=meta.store, dim=meta.dim)
-            try:
-                same = opened.fingerprint() == rebuilt.fingerprint()
-            finally:
-                rebuilt.close()
+            used, note = opened.opened_from == "snapshot", opened.snapshot_note
+            wanted = opened.fingerprint() if used else ""
         finally:
             opened.close()
+            del opened
+        if not used:
+            out.append(_row(path, meta, f"not used: {note}; the next opening rebuilds the view"))
+            continue
+        rebuilt = MemoryView(db, embedding_store=meta.store, dim=meta.dim)
+        try:
+            same = rebuilt.fingerprint() == wanted
+        finally:
+            rebuilt.close()
         if same:
             out.append(_row(path, meta, "matches a rebuild"))
             continue

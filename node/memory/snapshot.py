@@ -36,6 +36,7 @@ import os
 import pickle
 import struct
 import sys
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,9 +143,9 @@ class Snapshots:
         if self._swept or self.read_only or not self.directory.is_dir():
             return
         self._swept = True
-        mine = f"{_TMP}{os.getpid()}"
+        mine = f"{_TMP}{os.getpid()}."
         for p in self.directory.iterdir():
-            if _TMP in p.name and not p.name.endswith(mine):
+            if _TMP in p.name and mine not in p.name:
                 with contextlib.suppress(OSError):
                     p.unlink()
 
@@ -156,7 +157,9 @@ class Snapshots:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.sweep()
         path = self.path_for(meta.db, meta.store, meta.dim)
-        tmp = path.with_name(f"{path.name}{_TMP}{os.getpid()}")
+        # Two threads may write the same view's file (a view closed over the budget writes its
+        # own while the periodic round writes its successor's): each its own temporary file.
+        tmp = path.with_name(f"{path.name}{_TMP}{os.getpid()}.{uuid.uuid4().hex[:12]}")
         header = json.dumps({"format": FORMAT, "code": code_fingerprint(), "db": meta.db, "store": meta.store,
                              "dim": meta.dim, "docs": meta.docs}, sort_keys=True).encode()
         try:

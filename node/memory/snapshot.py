@@ -4,14 +4,17 @@ rebuild every view from the log (docs/memory.md, "Indexes and costs"; docs/opera
 
 What a snapshot is
     One file per (database, embeddings store, vector length) under the home's ``views/``
-    directory: a header (JSON: format, the code fingerprint, the database, the store, the
-    length, how many docs), the view's state (BM25 postings and statistics, vectors, per-row
-    columns, timelines, the rows themselves as columns) and, inside that state, exactly which
-    entries' rows it reflects, per store. A SHA-256 of everything before it closes the file.
+    directory: the view's state (BM25 postings and statistics, vectors, per-row columns,
+    timelines, the rows themselves as columns, and exactly which entries' rows it reflects, per
+    store) as a pickle whose large arrays follow it as raw bytes (protocol 5, out of band: read
+    back each into its own buffer, no copy), then a header (JSON: format, the code
+    fingerprint, the database, the store, the length, how many docs, the sizes of the parts),
+    its length, and a CRC-32 of everything before it. A checksum against damage, not a
+    signature: the file is this node's own, in a directory only its owner writes, as the keys.
 
 Never trusted
-    A snapshot is used only when every check passes: the digest (a damaged or cut file fails
-    it), the format and the code fingerprint (a hash of the sources that decide what a view
+    A snapshot is used only when every check passes: the sizes and the CRC-32 (a damaged or cut
+    file fails them), the format and the code fingerprint (a hash of the sources that decide what a view
     holds, node/memory/ and the row decoding in crdt/: another release, or any change to that
     code, means another fingerprint), the database, store and length; then the reader
     (node/memory/view_feed.py) checks that every entry it reflects still shows its rows now (a
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -37,7 +41,8 @@ import pickle
 import struct
 import sys
 import uuid
-from collections.abc import Callable, Iterable
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -48,14 +53,14 @@ __all__ = ["FORMAT", "MIN_DOCS", "VIEWS_DIR", "SnapshotRejected", "Snapshots", "
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 VIEWS_DIR = "views"  # under the home: the snapshot files
-MAGIC = b"MMVIEW1\n"
+MAGIC = b"MMVIEW2\n"
 MIN_DOCS = 2000  # a smaller view rebuilds in well under a second: no file for it
-MAX_HEADER = 64 * 1024
-_DIGEST = 32
-_LEN = struct.Struct("<I")
+MAX_HEADER = 1 << 20  # the header lists each out-of-band array's size
+_TAIL = struct.Struct("<II")  # the header's length, the CRC-32
 _TMP = ".tmp."
+_CHUNK = 1 << 24  # bytes read or checked at a time
 
 # The code whose change changes what a view holds for the same rows: the view and its indexes,
 # the row parsing and labels (node/memory), and the row decoding (crdt). A snapshot written by
@@ -106,16 +111,39 @@ class Meta:
     docs: int
 
 
-class _Hashing:
-    """A file that hashes what is written to it."""
+class _Summing:
+    """A file that keeps the CRC-32 and the count of what is written to it."""
 
     def __init__(self, f: IO[bytes]) -> None:
         self._f = f
-        self.sha = hashlib.sha256()
+        self.crc = 0
+        self.size = 0
 
     def write(self, data: Any) -> int:
-        self.sha.update(data)
-        return self._f.write(data)
+        view = memoryview(data).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        self.size += view.nbytes
+        return self._f.write(view)
+
+
+def _trailer(f: IO[bytes], size: int) -> tuple[dict[str, Any], bytes, int]:
+    """(header, the header's bytes and length field, the CRC-32) from the end of a file."""
+    if size < len(MAGIC) + _TAIL.size:
+        raise SnapshotRejected("not a view snapshot (damaged or cut short)")
+    f.seek(size - _TAIL.size)
+    tail = f.read(_TAIL.size)
+    hlen, crc = _TAIL.unpack(tail)
+    if hlen > MAX_HEADER or hlen > size - len(MAGIC) - _TAIL.size:
+        raise SnapshotRejected("damaged header")
+    f.seek(size - _TAIL.size - hlen)
+    raw = f.read(hlen)
+    try:
+        header = json.loads(raw)
+    except ValueError:
+        raise SnapshotRejected("damaged header") from None
+    if not isinstance(header, dict):
+        raise SnapshotRejected("damaged header")
+    return header, raw + tail[:4], crc
 
 
 class Snapshots:
@@ -150,8 +178,8 @@ class Snapshots:
                     p.unlink()
 
     # ------------------------------------------------------------------ writing
-    def write(self, meta: Meta, dump: Callable[[IO[bytes]], None]) -> Path:
-        """Write a snapshot: ``dump`` writes the state (pickle) to the file it is given."""
+    def write(self, meta: Meta, state: Any) -> Path:
+        """Write a snapshot of ``state`` (what :meth:`read` gives back)."""
         if self.read_only:
             raise PermissionError("these view snapshots are read only")
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -160,16 +188,24 @@ class Snapshots:
         # Two threads may write the same view's file (a view closed over the budget writes its
         # own while the periodic round writes its successor's): each its own temporary file.
         tmp = path.with_name(f"{path.name}{_TMP}{os.getpid()}.{uuid.uuid4().hex[:12]}")
-        header = json.dumps({"format": FORMAT, "code": code_fingerprint(), "db": meta.db, "store": meta.store,
-                             "dim": meta.dim, "docs": meta.docs}, sort_keys=True).encode()
         try:
             with open(tmp, "wb") as f:
-                out = _Hashing(f)
+                out = _Summing(f)
                 out.write(MAGIC)
-                out.write(_LEN.pack(len(header)))
+                arrays: list[pickle.PickleBuffer] = []
+                pickle.Pickler(out, protocol=5, buffer_callback=arrays.append).dump(state)
+                stream = out.size - len(MAGIC)
+                sizes = []
+                for buf in arrays:
+                    raw = buf.raw()
+                    sizes.append(raw.nbytes)
+                    out.write(raw)
+                header = json.dumps({"format": FORMAT, "code": code_fingerprint(), "db": meta.db, "store": meta.store,
+                                     "dim": meta.dim, "docs": meta.docs, "stream": stream, "arrays": sizes},
+                                    sort_keys=True).encode()
                 out.write(header)
-                dump(out)  # type: ignore[arg-type]  # a file-like writer is all pickle needs
-                f.write(out.sha.digest())
+                out.write(_TAIL.pack(len(header), 0)[:4])
+                f.write(struct.pack("<I", out.crc))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -196,19 +232,11 @@ class Snapshots:
         SnapshotRejected when the header cannot be read."""
         try:
             with open(path, "rb") as f:
-                head = f.read(len(MAGIC) + _LEN.size)
-                if len(head) < len(MAGIC) + _LEN.size or head[: len(MAGIC)] != MAGIC:
-                    raise SnapshotRejected("not a view snapshot (damaged or cut short)")
-                (hlen,) = _LEN.unpack_from(head, len(MAGIC))
-                if hlen > MAX_HEADER:
-                    raise SnapshotRejected("damaged header")
-                header = json.loads(f.read(hlen))
+                if f.read(len(MAGIC)) != MAGIC:
+                    raise SnapshotRejected("not a view snapshot (damaged, cut short, or of another format)")
+                header, _raw, _crc = _trailer(f, os.fstat(f.fileno()).st_size)
         except OSError as exc:
             raise SnapshotRejected(f"cannot be read ({exc.strerror or exc})") from None
-        except ValueError:
-            raise SnapshotRejected("damaged header") from None
-        if not isinstance(header, dict):
-            raise SnapshotRejected("damaged header")
         db, store, dim, docs = (header.get(k) for k in ("db", "store", "dim", "docs"))
         if (not isinstance(db, str) or not (store is None or isinstance(store, str))
                 or not (dim is None or type(dim) is int) or type(docs) is not int):
@@ -221,32 +249,51 @@ class Snapshots:
         self.sweep()
         path = self.path_for(db_id, store, dim)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                stream, arrays, header = _read_parts(f)
         except FileNotFoundError:
             raise SnapshotRejected("no snapshot") from None
         except OSError as exc:
             raise SnapshotRejected(f"cannot be read ({exc.strerror or exc})") from None
-        view = memoryview(data)
-        if len(data) < len(MAGIC) + _LEN.size + _DIGEST or data[: len(MAGIC)] != MAGIC:
-            raise SnapshotRejected("not a view snapshot (damaged or cut short)")
-        if hashlib.sha256(view[:-_DIGEST]).digest() != data[-_DIGEST:]:
-            raise SnapshotRejected("damaged (its digest does not match its content)")
-        (hlen,) = _LEN.unpack_from(data, len(MAGIC))
-        start = len(MAGIC) + _LEN.size
-        if hlen > MAX_HEADER or start + hlen > len(data) - _DIGEST:
-            raise SnapshotRejected("damaged header")
-        try:
-            header = json.loads(bytes(view[start : start + hlen]))
-        except ValueError:
-            raise SnapshotRejected("damaged header") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("code") != code_fingerprint():
+        if header.get("format") != FORMAT or header.get("code") != code_fingerprint():
             raise SnapshotRejected("written by another version of memmesh")
         if (header.get("db"), header.get("store"), header.get("dim")) != (db_id, store, dim):
             raise SnapshotRejected("of another database or embeddings store")
         try:
-            return pickle.loads(view[start + hlen : -_DIGEST])
-        except Exception as exc:  # the digest matched: only a bug of the writer gets here
+            return pickle.loads(stream, buffers=arrays)
+        except Exception as exc:  # the checksum matched: only a bug of the writer gets here
             raise SnapshotRejected(f"cannot be decoded ({type(exc).__name__})") from None
+
+
+def _read_parts(f: io.BufferedReader) -> tuple[bytes, list[bytearray], dict[str, Any]]:
+    """The pickle, its arrays (each read into a buffer of its own, which the array it becomes
+    keeps: no copy, and one array freed frees its bytes) and the header, once the sizes add up
+    to the file's and its CRC-32 matches; SnapshotRejected otherwise."""
+    size = os.fstat(f.fileno()).st_size
+    if f.read(len(MAGIC)) != MAGIC:
+        raise SnapshotRejected("not a view snapshot (damaged, cut short, or of another format)")
+    header, raw, crc = _trailer(f, size)
+    stream, sizes = header.get("stream"), header.get("arrays")
+    if (type(stream) is not int or not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes)
+            or stream < 0 or len(MAGIC) + stream + sum(sizes) + len(raw) + 4 != size):
+        raise SnapshotRejected("damaged (its parts do not add up to its size)")
+    f.seek(len(MAGIC))
+    sums = zlib.crc32(MAGIC)
+    body = f.read(stream)
+    sums = zlib.crc32(body, sums)
+    arrays = []
+    for n in sizes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        for a in range(0, n, _CHUNK):
+            got = f.readinto(view[a : a + _CHUNK])
+            if got != min(_CHUNK, n - a):
+                raise SnapshotRejected("damaged (cut short)")
+        sums = zlib.crc32(buf, sums)
+        arrays.append(buf)
+    if zlib.crc32(raw, sums) != crc:
+        raise SnapshotRejected("damaged (its checksum does not match its content)")
+    return body, arrays, header
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -261,6 +308,3 @@ def _fsync_dir(directory: Path) -> None:
     finally:
         os.close(fd)
 
-
-def dump_state(state: Any, out: IO[bytes]) -> None:
-    pickle.Pickler(out, protocol=5).dump(state)

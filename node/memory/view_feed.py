@@ -52,7 +52,7 @@ from .quarantine import QUARANTINE_STORE, Quarantine
 from .recall_args import check_dim, check_store
 from .recall_index import Order, RecallIndex
 from .rows import MEMORY_STORE, SUPERSEDES, Memory, parse_embedding, parse_embeddings, parse_memory
-from .snapshot import Meta, SnapshotRejected, Snapshots, dump_state
+from .snapshot import Meta, SnapshotRejected, Snapshots
 from .timetable import TimeTable
 from .vectors import VectorIndex
 
@@ -390,8 +390,7 @@ class ViewFeed:
         # put back on reading (_install).
         ix.mem, times._order_of = [], None  # type: ignore[assignment]
         try:
-            self._snapshots.write(Meta(self._db.id, self._store, self._dim, ix.cols.n),
-                                  lambda out: dump_state(state, out))
+            self._snapshots.write(Meta(self._db.id, self._store, self._dim, ix.cols.n), state)
         finally:
             ix.mem, times._order_of = mems, order_of
         self._snap_docs = ix.cols.n

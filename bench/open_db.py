@@ -36,7 +36,6 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -91,30 +90,12 @@ def _memories(n: int) -> list[tuple[str, str, list[str]]]:
 
 def build(path: Path, n: int) -> dict[str, Any]:
     """Write a bank of ``n`` memories to ``path``; returns what ``bank`` records of it."""
-    from memmesh.auth.keys import SigningKey
-    from memmesh.crdt.database import Database
-    from memmesh.node.memory.embedders import HashedEmbedder
-    from memmesh.node.memory.rows import MEMORY_STORE, embedding_value, memory_value
-    from memmesh.node.storage import SqliteStorage
+    from _bank import write_bank
 
-    mems = _memories(n)
-    hashed = HashedEmbedder()
-    path.unlink(missing_ok=True)
-    storage = SqliteStorage(path)
-    key = SigningKey.generate()
-    db = Database.create(storage, key, meta={"kind": "bank", "display_name": f"open-{n}"})
-    t0 = time.perf_counter()
-    for start in range(0, n, ROWS_PER_ENTRY):
-        rows = [memory_value(k, v, tags) for k, v, tags in mems[start:start + ROWS_PER_ENTRY]]
-        vectors = hashed.embed([f"{r['key']} {r['value']}" for r in rows])
-        txn = db.transaction(key)
-        for row, vec in zip(rows, vectors, strict=True):
-            row_key = txn.append(MEMORY_STORE, row)
-            txn.append(hashed.store_name, embedding_value(row_key, vec))
-        txn.commit()
-        if start and start % (50 * ROWS_PER_ENTRY) == 0:
-            log(f"built {start} of {n} memories ({time.perf_counter() - t0:.0f} s)")
-    info = {"db_id": db.id, "memories": n, "entries": len(db), "build_s": time.perf_counter() - t0,
+    storage, _key, db, build_s = write_bank(
+        path, _memories(n), f"open-{n}", rows_per_entry=ROWS_PER_ENTRY,
+        progress=lambda done, secs: log(f"built {done} of {n} memories ({secs:.0f} s)"))
+    info = {"db_id": db.id, "memories": n, "entries": len(db), "build_s": build_s,
             "file_mb": path.stat().st_size / 2**20, "seed": SEED, "rows_per_entry": ROWS_PER_ENTRY}
     storage.close()
     return info

@@ -85,30 +85,16 @@ def corpus(n: int) -> tuple[list[tuple[str, str, list[str]]], list[list[str]]]:
 # ------------------------------------------------------------------ phases (own processes)
 def phase_build(path: Path, views: Path, n: int) -> dict:
     """The bank's file (no view while writing), then its view from the log and its snapshot."""
-    from memmesh.auth.keys import SigningKey
-    from memmesh.crdt.database import Database
+    from _bank import write_bank
+
     from memmesh.node.memory.embedders import HashedEmbedder
-    from memmesh.node.memory.rows import MEMORY_STORE, embedding_value, memory_value
     from memmesh.node.memory.snapshot import Snapshots
     from memmesh.node.memory.view import MemoryView
-    from memmesh.node.storage import SqliteStorage
 
     mems, _ = corpus(n)
     hashed = HashedEmbedder()
-    storage = SqliteStorage(path)
-    key = SigningKey.generate()
-    db = Database.create(storage, key, meta={"kind": "bank", "display_name": f"scale-{label(n)}"})
-    t0 = time.perf_counter()
-    for start in range(0, n, ROWS_PER_ENTRY):
-        rows = [memory_value(k, v, tags) for k, v, tags in mems[start:start + ROWS_PER_ENTRY]]
-        vectors = hashed.embed([f"{r['key']} {r['value']}" for r in rows])
-        txn = db.transaction(key)
-        for row, vec in zip(rows, vectors):
-            txn.append(hashed.store_name, embedding_value(txn.append(MEMORY_STORE, row), vec))
-        txn.commit()
-        if start % 100_000 == 0:
-            log(f"build {label(n)}: {start:,} memories")
-    write_s = time.perf_counter() - t0
+    storage, _key, db, write_s = write_bank(path, mems, f"scale-{label(n)}", rows_per_entry=ROWS_PER_ENTRY,
+                                            progress=lambda done, _s: log(f"build {label(n)}: {done:,} memories"))
     t0 = time.perf_counter()
     view = MemoryView(db, embedding_store=hashed.store_name, dim=hashed.dim, snapshots=Snapshots(views))
     rebuild_s = time.perf_counter() - t0

@@ -349,17 +349,25 @@ def _recall(node, query: str) -> list:
     return [(r["key"], r["entry"]) for r in out["memories"]]
 
 
-def test_a_node_keeps_its_views_on_disk_and_check_compares_them_with_a_rebuild(tmp_path):
+def _big_home(home: Path, extra: int):
+    """A new home whose agent alpha writes a bank "big" of MIN_DOCS + ``extra`` memories (with the
+    hashed embedder's vectors): large enough for a snapshot. The node, still open."""
     from memmesh.node import Node
     from memmesh.node.memory.snapshot import MIN_DOCS
     from tests.homes import agent_with_bank
 
-    home = tmp_path / "home"
     node, _ = Node.init(home)
-    with node:
-        node.run("embedder.set", {"provider": "hashed"})
-        agent_with_bank(node.run, bank="big")
-        _fill(node, "big", MIN_DOCS + 100)
+    node.run("embedder.set", {"provider": "hashed"})
+    agent_with_bank(node.run, bank="big")
+    _fill(node, "big", MIN_DOCS + extra)
+    return node
+
+
+def test_a_node_keeps_its_views_on_disk_and_check_compares_them_with_a_rebuild(tmp_path):
+    from memmesh.node import Node
+
+    home = tmp_path / "home"
+    with _big_home(home, 100) as node:
         first = _recall(node, "cats garden")
         assert _bank_view(node, "big").opened_from == "log"
     assert len(list((home / "views").glob("*.view"))) == 1  # written on closing: the bank's view only
@@ -413,15 +421,10 @@ def test_check_reports_a_snapshot_that_differs_from_a_rebuild_as_damage_and_repa
     # bug of the writer would leave): check must find it by comparing with a rebuild.
     from memmesh.node import Node
     from memmesh.node.integrity import check_home
-    from memmesh.node.memory.snapshot import MIN_DOCS, Meta
-    from tests.homes import agent_with_bank
+    from memmesh.node.memory.snapshot import Meta
 
     home = tmp_path / "home"
-    node, _ = Node.init(home)
-    with node:
-        node.run("embedder.set", {"provider": "hashed"})
-        agent_with_bank(node.run, bank="big")
-        _fill(node, "big", MIN_DOCS + 10)
+    with _big_home(home, 10) as node:
         db_id = _bank_view(node, "big").db.id
         store, dim = node.memory.embedder.store_name, node.memory.embedder.dim
     snaps = Snapshots(home / "views")

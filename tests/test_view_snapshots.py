@@ -248,14 +248,19 @@ def test_writes_during_a_snapshot_are_neither_lost_nor_counted_twice(bank):
 
     t = threading.Thread(target=saver)
     t.start()
+    deadline = time.monotonic() + 120
+    j = 0
     try:
-        for j in range(40):  # the database's thread writes while snapshots are taken
+        # The database's thread writes while snapshots are taken, until several were written
+        # during the writes (however slowly the saving thread runs).
+        while (j < 40 or len(saved) < 3) and time.monotonic() < deadline:
             write(db, ALICE if j % 2 else BOB, 5000 + j * 5, 5, supersede_every=3)
+            j += 1
             time.sleep(0.002)
     finally:
         done.set()
         t.join()
-    assert len(saved) >= 2 and all(saved)
+    assert len(saved) >= 3 and all(saved)
     v.close()
     v = view(db, snaps)
     assert v.opened_from == "snapshot"

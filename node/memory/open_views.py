@@ -16,7 +16,7 @@ Never closed:
   auto-recall over its banks, a neighbours walk) never loses one it holds between two uses;
   the budget may be passed by those.
 
-The estimate of a view: the bytes of its arrays (``MemoryView.sizes``) and
+The estimate of a view: the bytes of its arrays (``MemoryView.footprint``, cheap: it is taken at every use) and
 ``PY_BYTES_PER_ROW`` per row for the Python objects (each row's Memory, its entries in the
 per-key maps, the token lists): measured with tracemalloc over banks of 1,000 short memories
 (bench/scale_banks.py's rows), about 1,550 bytes per row beside about 340 of arrays.
@@ -64,10 +64,9 @@ def budget_bytes(mib: float | None) -> int:
     return default_budget_bytes() if mib is None else int(mib * 2**20)
 
 
-def estimated_bytes(sizes: dict[str, int]) -> int:
-    """A built view's estimated bytes from its ``sizes()``."""
-    arrays = sum(v for k, v in sizes.items() if k.endswith("_bytes"))
-    return arrays + sizes.get("rows", 0) * PY_BYTES_PER_ROW
+def estimated_bytes(rows: int, arrays: int) -> int:
+    """A built view's estimated bytes from its ``footprint()``: its arrays and its rows' objects."""
+    return arrays + rows * PY_BYTES_PER_ROW
 
 
 @dataclass(frozen=True)
@@ -151,7 +150,7 @@ class OpenViews:
         with view.held(0) as got:
             if not got or not view.loaded:
                 return False
-            est = estimated_bytes(view.sizes())
+            est = estimated_bytes(*view.footprint())
         with self._lock:
             if self._views.get(db_id) is not view or self._bytes.get(db_id) == est:
                 return False

@@ -228,7 +228,7 @@ class Snapshots:
     # ------------------------------------------------------------------ reading
     @staticmethod
     def meta(path: Path) -> Meta:
-        """What a snapshot file says it is (its header only: the digest is not checked here);
+        """What a snapshot file says it is (its header only: the checksum is not checked here);
         SnapshotRejected when the header cannot be read."""
         try:
             with open(path, "rb") as f:

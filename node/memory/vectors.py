@@ -136,6 +136,21 @@ def _dd_sums(sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return r, ok
 
 
+def _memoised(allowed: Callable[[int], bool] | None) -> Callable[[int], bool] | None:
+    """``allowed`` asked once per doc, however many times a search asks it."""
+    if allowed is None:
+        return None
+    memo: dict[int, bool] = {}
+
+    def once(d: int) -> bool:
+        v = memo.get(d)
+        if v is None:
+            v = memo[d] = bool(allowed(d))
+        return v
+
+    return once
+
+
 class VectorIndex:
     """Cosine-similarity index of ``dim``-dimensional vectors keyed by int doc id."""
 
@@ -399,6 +414,7 @@ class VectorIndex:
         q64 = self._unit64(query_vec)
         if self._n == 0 or limit == 0 or not q64.any():
             return []
+        allowed = _memoised(allowed)  # asked again as a prefix or a candidate set grows
         if self._codes is not None and limit is not None and self._n >= (self._quantise_from or 0):
             return self._search_quantised(q64, limit, allowed, tiebreak, mask)
         return self._search_exact(q64, limit, allowed, tiebreak, mask)
@@ -434,16 +450,6 @@ class VectorIndex:
                 ca = approx[cand]
         if len(cand) == 0:
             return []
-        if limit is not None and allowed is not None:
-            memo: dict[int, bool] = {}
-            user_allowed = allowed
-
-            def allowed(d: int) -> bool:  # memoised across prefixes
-                v = memo.get(d)
-                if v is None:
-                    v = memo[d] = bool(user_allowed(d))
-                return v
-
         m = len(cand) if limit is None else max(4 * limit, 64)
         while True:
             if m >= len(cand):
@@ -480,16 +486,6 @@ class VectorIndex:
         total = n if rows is None else len(rows)
         depth = max(self._candidate_factor * limit, self._candidate_min)
         scores: np.ndarray | None = None
-        if allowed is not None:
-            memo: dict[int, bool] = {}
-            user_allowed = allowed
-
-            def allowed(d: int) -> bool:  # memoised across candidate sets
-                v = memo.get(d)
-                if v is None:
-                    v = memo[d] = bool(user_allowed(d))
-                return v
-
         while depth < total:
             if scores is None:
                 scores = self._codes.scores(quantise_query(q64), n, rows)

@@ -14,7 +14,7 @@ Rebuild (on construction, e.g. the first recall after opening a node, and after 
 
 Snapshots (node/memory/snapshot.py)
     Given a :class:`Snapshots`, the first build reads the view's snapshot instead of the log when
-    every check passes: the file's own (digest, format, code fingerprint), then that each entry
+    every check passes: the file's own (sizes and checksum, format, code fingerprint), then that each entry
     whose rows it reflects (``_applied``, per store) still shows them now; the rows of entries it
     does not reflect are then applied as events would apply them. Anything else (no file, a
     damaged or stale one) is a rebuild from the log, and a stale or damaged file is removed.

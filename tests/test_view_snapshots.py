@@ -7,7 +7,6 @@ with recall answers, scores included.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -18,13 +17,14 @@ import time
 import zlib
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memmesh.crdt.database import Database
-from memmesh.node.memory.rows import MEMORY_STORE, Memory, embedding_store, embedding_value, memory_value
+from memmesh.node.memory.rows import MEMORY_STORE, embedding_store, embedding_value, memory_value
 from memmesh.node.memory.snapshot import Snapshots
 from memmesh.node.memory.view import MemoryView
 from memmesh.node.storage import SqliteStorage
@@ -434,9 +434,13 @@ def test_check_reports_a_snapshot_that_differs_from_a_rebuild_as_damage_and_repa
         store, dim = node.memory.embedder.store_name, node.memory.embedder.dim
     snaps = Snapshots(home / "views")
     state = snaps.read(db_id, store, dim)
-    values = state["mems"][[f.name for f in dataclasses.fields(Memory)].index("value")]
-    values[0] = "a value no entry holds"
-    snaps.write(Meta(db_id, store, dim, len(values)), state)
+    rows = state["ix"].mem  # doc 0's record rewritten in place: another value of the same size
+    a, b = int(rows._offsets[0]), int(rows._offsets[1])
+    record = list(msgpack.unpackb(rows._blob[a:b].tobytes()))
+    record[1] = "#" * len(record[1].encode())
+    rows._blob[a:b] = np.frombuffer(msgpack.packb(record), dtype=np.uint8)
+    assert rows[0].value == record[1]
+    snaps.write(Meta(db_id, store, dim, len(rows)), state)
 
     with Node.open(home) as node:
         report = node.run("check", {}).data

@@ -52,7 +52,8 @@ from .bm25 import InvertedIndex, Subset
 from .columns import DocColumns
 from .fusion import RRF_K, rank_candidates, rrf
 from .labels import Labels, row_labels
-from .rows import Memory, normalized_value, order_desc_key
+from .row_table import DescKeys, RowTable
+from .rows import Memory, normalized_value
 from .tokens import document_text, tokenize
 from .vectors import VectorIndex
 
@@ -89,9 +90,8 @@ class RecallIndex:
         """``vector_index``: makes the vector block of a length (tests pass a lower quantised
         threshold through it)."""
         self._vector_index = vector_index
-        self.mem: list[Memory] = []  # doc -> its memory
+        self.mem = RowTable()  # doc -> its memory
         self.row_doc: dict[str, int] = {}
-        self.tiebreak: list[tuple[int, int, int]] = []  # doc -> order_desc_key
         self.tag_docs: dict[str, set[int]] = {}  # casefolded tag -> docs carrying it
         self.entity_docs: dict[str, set[int]] = {}  # casefolded entity -> docs about it
         # text_key of the normalised value -> docs saying it: remember's same-text check is a
@@ -112,6 +112,11 @@ class RecallIndex:
         self.derived = 0  # docs of source derived (auto-capture)
         self.scored = 0  # docs with an importance or a confidence (docs/memory.md, "Importance and confidence")
 
+    @property
+    def tiebreak(self) -> DescKeys:
+        """doc -> order_desc_key of its row (node/memory/rows.py): what rankings break ties with."""
+        return self.mem.desc_keys
+
     def _count(self, doc: int, labels: Labels) -> None:
         if labels.secret is not None:
             self.secret_of[doc] = labels.secret
@@ -126,7 +131,6 @@ class RecallIndex:
         self._count(doc, labels)
         self.mem.append(m)
         self.row_doc[m.row_key] = doc
-        self.tiebreak.append(order_desc_key(m.order))
         for tag in {t.casefold() for t in m.tags}:
             self.tag_docs.setdefault(tag, set()).add(doc)
         self._about(doc, m)
@@ -153,7 +157,6 @@ class RecallIndex:
                 self._count(doc, lab)
         self.mem.extend(mems)
         self.row_doc.update(zip((m.row_key for m in mems), docs))
-        self.tiebreak.extend(order_desc_key(m.order) for m in mems)
         tag_docs = self.tag_docs
         for doc, m in zip(docs, mems):
             for tag in {t.casefold() for t in m.tags}:

@@ -6,10 +6,10 @@ What a snapshot is
     One file per (database, embeddings store, vector length) under the home's ``views/``
     directory: the view's state (BM25 postings and statistics, vectors, per-row columns,
     timelines, the rows themselves as columns, and exactly which entries' rows it reflects, per
-    store) as a pickle whose large arrays follow it as raw bytes (protocol 5, out of band: read
-    back each into its own buffer, no copy), then a header (JSON: format, the code
-    fingerprint, the database, the store, the length, how many docs, the sizes of the parts),
-    its length, and a CRC-32 of everything before it. A checksum against damage, not a
+    store) as a pickle whose large arrays follow it as raw bytes (protocol 5, out of band), each
+    starting on a page of the file, then a header (JSON: format, the code fingerprint, the
+    database, the store, the length, how many docs, the sizes of the parts, the CRC-32 of the
+    pickle), its length, and a CRC-32 of everything before it. Checksums against damage, not a
     signature: the file is this node's own, in a directory only its owner writes, as the keys.
 
 Never trusted
@@ -27,7 +27,16 @@ Writing
     The state is serialised under the view's lock (writes arriving meanwhile wait in the view's
     queue and are applied after), to a temporary file in the same directory, flushed to disk,
     then renamed over the old one: a process killed while writing leaves the old snapshot (or
-    none) and a temporary file that the next opening removes.
+    none) and a temporary file that the next opening removes. A file is never changed in place
+    (a new one is renamed over it, ``check --repair`` and the user remove it), which is what
+    makes mapping it safe.
+
+Reading
+    The file is mapped copy-on-write: its arrays are its pages, not copies (a view's float32
+    vectors, of which a quantised search reads only its candidates' rows, then cost memory only
+    where they are read; a write to an array copies just the pages it touches). The pickle's
+    CRC-32 is checked before it is read; the whole file's on another thread, by reads that do not
+    touch the mapping, while the pickle is read, and before anything it made is used.
 """
 from __future__ import annotations
 
@@ -36,10 +45,12 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import pickle
 import struct
 import sys
+import threading
 import uuid
 import zlib
 from collections.abc import Iterable
@@ -53,14 +64,15 @@ __all__ = ["FORMAT", "MIN_DOCS", "VIEWS_DIR", "SnapshotRejected", "Snapshots", "
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3
 VIEWS_DIR = "views"  # under the home: the snapshot files
-MAGIC = b"MMVIEW2\n"
+MAGIC = b"MMVIEW3\n"
 MIN_DOCS = 2000  # a smaller view rebuilds in well under a second: no file for it
 MAX_HEADER = 1 << 20  # the header lists each out-of-band array's size
 _TAIL = struct.Struct("<II")  # the header's length, the CRC-32
 _TMP = ".tmp."
 _CHUNK = 1 << 24  # bytes read or checked at a time
+ALIGN = 4096  # each array starts on a page of the file
 
 # The code whose change changes what a view holds for the same rows: the view and its indexes,
 # the row parsing and labels (node/memory), and the row decoding (crdt). A snapshot written by
@@ -195,14 +207,16 @@ class Snapshots:
                 arrays: list[pickle.PickleBuffer] = []
                 pickle.Pickler(out, protocol=5, buffer_callback=arrays.append).dump(state)
                 stream = out.size - len(MAGIC)
+                stream_crc = out.crc
                 sizes = []
                 for buf in arrays:
                     raw = buf.raw()
                     sizes.append(raw.nbytes)
+                    out.write(bytes(-out.size % ALIGN))  # each array starts on a page: mapped in place
                     out.write(raw)
                 header = json.dumps({"format": FORMAT, "code": code_fingerprint(), "db": meta.db, "store": meta.store,
-                                     "dim": meta.dim, "docs": meta.docs, "stream": stream, "arrays": sizes},
-                                    sort_keys=True).encode()
+                                     "dim": meta.dim, "docs": meta.docs, "stream": stream, "stream_crc": stream_crc,
+                                     "arrays": sizes}, sort_keys=True).encode()
                 out.write(header)
                 out.write(_TAIL.pack(len(header), 0)[:4])
                 f.write(struct.pack("<I", out.crc))
@@ -245,55 +259,98 @@ class Snapshots:
 
     def read(self, db_id: str, store: str | None, dim: int | None) -> Any:
         """The state a snapshot holds; SnapshotRejected (with the reason) when there is none or
-        any check fails."""
+        any check fails. Its arrays are the file's pages, mapped copy-on-write (module
+        docstring, "Reading")."""
         self.sweep()
         path = self.path_for(db_id, store, dim)
         try:
             with open(path, "rb") as f:
-                stream, arrays, header = _read_parts(f)
+                return _read(f, db_id, store, dim)
         except FileNotFoundError:
             raise SnapshotRejected("no snapshot") from None
         except OSError as exc:
             raise SnapshotRejected(f"cannot be read ({exc.strerror or exc})") from None
-        if header.get("format") != FORMAT or header.get("code") != code_fingerprint():
-            raise SnapshotRejected("written by another version of memmesh")
-        if (header.get("db"), header.get("store"), header.get("dim")) != (db_id, store, dim):
-            raise SnapshotRejected("of another database or embeddings store")
-        try:
-            return pickle.loads(stream, buffers=arrays)
-        except Exception as exc:  # the checksum matched: only a bug of the writer gets here
-            raise SnapshotRejected(f"cannot be decoded ({type(exc).__name__})") from None
 
 
-def _read_parts(f: io.BufferedReader) -> tuple[bytes, list[bytearray], dict[str, Any]]:
-    """The pickle, its arrays (each read into a buffer of its own, which the array it becomes
-    keeps: no copy, and one array freed frees its bytes) and the header, once the sizes add up
-    to the file's and its CRC-32 matches; SnapshotRejected otherwise."""
+def _read(f: io.BufferedReader, db_id: str, store: str | None, dim: int | None) -> Any:
     size = os.fstat(f.fileno()).st_size
     if f.read(len(MAGIC)) != MAGIC:
         raise SnapshotRejected("not a view snapshot (damaged, cut short, or of another format)")
     header, raw, crc = _trailer(f, size)
-    stream, sizes = header.get("stream"), header.get("arrays")
-    if (type(stream) is not int or not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes)
-            or stream < 0 or len(MAGIC) + stream + sum(sizes) + len(raw) + 4 != size):
-        raise SnapshotRejected("damaged (its parts do not add up to its size)")
-    f.seek(len(MAGIC))
-    sums = zlib.crc32(MAGIC)
-    body = f.read(stream)
-    sums = zlib.crc32(body, sums)
-    arrays = []
-    for n in sizes:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        for a in range(0, n, _CHUNK):
-            got = f.readinto(view[a : a + _CHUNK])
-            if got != min(_CHUNK, n - a):
-                raise SnapshotRejected("damaged (cut short)")
-        sums = zlib.crc32(buf, sums)
-        arrays.append(buf)
-    if zlib.crc32(raw, sums) != crc:
+    if header.get("format") != FORMAT or header.get("code") != code_fingerprint():
+        raise SnapshotRejected("written by another version of memmesh")
+    if (header.get("db"), header.get("store"), header.get("dim")) != (db_id, store, dim):
+        raise SnapshotRejected("of another database or embeddings store")
+    spans = _spans(header, size - len(raw) - 4)
+    mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    whole = memoryview(mapped)
+    stream_end = len(MAGIC) + header["stream"]
+    # The pickle is checked before it is read; the rest of the file (the arrays, the header) is
+    # checked on another thread while it is (zlib and the reads let go of the GIL), and before
+    # anything it made is used.
+    if zlib.crc32(whole[:stream_end]) != header.get("stream_crc"):
         raise SnapshotRejected("damaged (its checksum does not match its content)")
-    return body, arrays, header
+    rest = _Checksum(f.fileno(), header["stream_crc"], stream_end, size - 4, raw)
+    rest.start()
+    try:
+        state = pickle.loads(whole[len(MAGIC):stream_end], buffers=[whole[a:b] for a, b in spans])
+    except Exception as exc:  # its checksum matched: only a bug of the writer gets here
+        rest.join()
+        raise SnapshotRejected(f"cannot be decoded ({type(exc).__name__})") from None
+    finally:
+        rest.join()
+    if rest.error is not None:
+        raise SnapshotRejected(f"cannot be read ({rest.error})")
+    if rest.crc != crc:
+        raise SnapshotRejected("damaged (its checksum does not match its content)")
+    return state
+
+
+def _spans(header: dict[str, Any], end: int) -> list[tuple[int, int]]:
+    """Where each array lies in the file (page-aligned, in order); SnapshotRejected when the
+    header's sizes do not add up to the file's."""
+    stream, sizes = header.get("stream"), header.get("arrays")
+    if (type(stream) is not int or type(header.get("stream_crc")) is not int or not isinstance(sizes, list)
+            or not all(type(n) is int and n >= 0 for n in sizes) or stream < 0):
+        raise SnapshotRejected("damaged (its parts do not add up to its size)")
+    at = len(MAGIC) + stream
+    spans = []
+    for n in sizes:
+        at += -at % ALIGN
+        spans.append((at, at + n))
+        at += n
+    if at != end:
+        raise SnapshotRejected("damaged (its parts do not add up to its size)")
+    return spans
+
+
+class _Checksum(threading.Thread):
+    """The CRC-32 of a file's bytes [start, end) followed by ``tail``, continuing ``crc``; read
+    with pread a chunk at a time (the mapping's pages are not touched, so they count towards
+    the process's memory only where the view reads them)."""
+
+    def __init__(self, fd: int, crc: int, start: int, end: int, tail: bytes) -> None:
+        super().__init__(name="snapshot-checksum", daemon=True)
+        self._fd = os.dup(fd)
+        self.crc, self._start, self._end, self._tail = crc, start, end - len(tail), tail
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            buf = bytearray(min(_CHUNK, max(1, self._end - self._start)))
+            view = memoryview(buf)
+            at, crc = self._start, self.crc
+            while at < self._end:
+                got = os.preadv(self._fd, [view[: min(len(buf), self._end - at)]], at)
+                if got <= 0:
+                    raise OSError("the file was cut short while it was read")
+                crc = zlib.crc32(view[:got], crc)
+                at += got
+            self.crc = zlib.crc32(self._tail, crc)
+        except OSError as exc:
+            self.error = exc.strerror or str(exc)
+        finally:
+            os.close(self._fd)
 
 
 def _fsync_dir(directory: Path) -> None:

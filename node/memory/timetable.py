@@ -26,16 +26,14 @@ view's rebuild) numbers docs in T order, so one ``np.lexsort`` orders the items.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from .columns import DocColumns
+from .row_table import RowTable
 from .timeline import _i64
 
 __all__ = ["TimeTable"]
 
-Order = tuple[int, str, int]
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _RESORT_MIN = 2048  # a queue longer than this and than an eighth of the table: sort it all
@@ -44,9 +42,9 @@ _RESORT_MIN = 2048  # a queue longer than this and than an eighth of the table: 
 class TimeTable:
     """The timelines of a view's keys (see the module docstring); keys are small ints."""
 
-    def __init__(self, cols: DocColumns, order_of: Callable[[int], Order]) -> None:
+    def __init__(self, cols: DocColumns, rows: RowTable) -> None:
         self._cols = cols
-        self._order_of = order_of  # doc -> T order of its row
+        self._rows = rows  # doc -> T order of its row
         self.key = _EMPTY
         self.doc = _EMPTY
         self.tomb = np.empty(0, dtype=bool)
@@ -115,7 +113,7 @@ class TimeTable:
         if not self._queue:
             return
         queue, self._queue = self._queue, []
-        order_of = self._order_of
+        order_of = self._rows.order
         if self._should_resort(len(queue)):
             self._resort(queue)
             return
@@ -147,9 +145,7 @@ class TimeTable:
         keys = np.concatenate((self.key, np.fromiter((i[0] for i in queue), dtype=np.int64, count=len(queue))))
         docs = np.concatenate((self.doc, np.fromiter((i[1] for i in queue), dtype=np.int64, count=len(queue))))
         tombs = np.concatenate((self.tomb, np.fromiter((i[2] for i in queue), dtype=bool, count=len(queue))))
-        n_docs = self._cols.n
-        rank = np.empty(n_docs, dtype=np.int64)
-        rank[sorted(range(n_docs), key=self._order_of)] = np.arange(n_docs, dtype=np.int64)
+        rank = self._rows.t_rank()
         order = np.lexsort((rank[docs], keys))
         self.key, self.doc, self.tomb = keys[order], docs[order], tombs[order]
         self._derive()

@@ -275,8 +275,9 @@ class MemoryView(ViewFeed):
     def timeline(self, key: str) -> list[Memory]:
         """The key's rows and the tombstones naming it, newest first in T order."""
         self._current_index()
-        rows = self._history.get(key, []) + self._tombs.get(key, [])
-        return sorted(rows, key=lambda m: m.order, reverse=True)
+        mem = self._ix.mem
+        docs = self._history.get(key, []) + self._tombs.get(key, [])
+        return [mem[d] for d in sorted(docs, key=mem.order, reverse=True)]
 
     @locked
     def held_at(self, t: int) -> list[Memory]:

@@ -31,11 +31,9 @@ Threads
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import logging
-import operator
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -59,8 +57,6 @@ from .vectors import VectorIndex
 log = logging.getLogger("memmesh.node.memory.view")  # one logger for the whole view: its lines keep their name
 
 _NEVER: Order = (-1, "", -1)  # before every row in T order
-_FIELDS = tuple(f.name for f in dataclasses.fields(Memory))
-_FIELD_VALUES = operator.attrgetter(*_FIELDS)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -144,11 +140,11 @@ class ViewFeed:
     # ---------------------------------------------------------------------------- state
     def _reset(self) -> None:
         self._ix = RecallIndex(self._vector_index)
-        self._times = TimeTable(self._ix.cols, self._order_of)
+        self._times = TimeTable(self._ix.cols, self._ix.mem)
         self._current: dict[str, int] = {}  # memory key -> doc of its current row
-        self._history: dict[str, list[Memory]] = {}  # memory key -> every well-formed row of it
-        self._tombs: dict[str, list[Memory]] = {}  # key -> rows of other keys superseding it
-        self._newest: dict[str, Memory] = {}  # key -> its newest row (current unless retired)
+        self._history: dict[str, list[int]] = {}  # memory key -> docs of every well-formed row of it
+        self._tombs: dict[str, list[int]] = {}  # key -> docs of rows of other keys superseding it
+        self._newest: dict[str, int] = {}  # key -> doc of its newest row (current unless retired)
         self._retired: dict[str, Order] = {}  # key -> T order of the newest tombstone naming it
         self._key_ids: dict[str, int] = {}  # key -> its group in the timeline table
         self._seen: set[str] = set()  # row keys of every memory row seen (malformed ones too)
@@ -160,7 +156,7 @@ class ViewFeed:
         self._hidden: tuple[int, np.ndarray | None] | None = None  # (docs, mask) for self._qs
 
     def _order_of(self, doc: int) -> Order:
-        return self._ix.mem[doc].order
+        return self._ix.mem.order(doc)
 
     def _seq(self, entry_id: str) -> int:
         entry = self._db.entry(entry_id)
@@ -207,19 +203,18 @@ class ViewFeed:
             tombs: list[bool] = []
             newest = self._newest
             for doc, m in enumerate(mems):
-                for target in self._note(m):
+                for target in self._note(m, doc):
                     keys.append(self._key_id(target))
                     item_docs.append(doc)
                     tombs.append(True)
                 keys.append(self._key_id(m.key))
                 item_docs.append(doc)
                 tombs.append(False)
-                newest[m.key] = m  # rows come in T order: the last one is the newest
+                newest[m.key] = doc  # rows come in T order: the last one is the newest
             self._times.load(np.array(keys, dtype=np.int64), np.array(item_docs, dtype=np.int64),
                              np.array(tombs, dtype=bool))
             retired = self._retired
-            current = sorted(ix.row_doc[m.row_key] for m in newest.values()
-                             if retired.get(m.key, _NEVER) < m.order)
+            current = sorted(d for d in newest.values() if retired.get(mems[d].key, _NEVER) < mems[d].order)
             ix.make_current_many(current)
             self._current = {mems[d].key: d for d in current}
             self._version += 1
@@ -348,16 +343,11 @@ class ViewFeed:
 
     def _install(self, state: dict) -> None:
         self._reset()
-        mems = list(map(Memory, *state["mems"])) if state["mems"] else []
-        ix: RecallIndex = state["ix"]
-        ix.mem = mems
-        times: TimeTable = state["times"]
-        times._order_of = self._order_of
-        self._ix, self._times = ix, times
+        self._ix, self._times = state["ix"], state["times"]
         self._current = state["current"]
-        self._history = {k: [mems[d] for d in docs] for k, docs in state["history"].items()}
-        self._tombs = {k: [mems[d] for d in docs] for k, docs in state["tombs"].items()}
-        self._newest = {k: mems[d] for k, d in state["newest"].items()}
+        self._history = state["history"]
+        self._tombs = state["tombs"]
+        self._newest = state["newest"]
         self._retired = state["retired"]
         self._key_ids = state["key_ids"]
         self._seen = state["seen"]
@@ -369,30 +359,13 @@ class ViewFeed:
         """Write this state's snapshot (the caller holds the lock, the queue drained)."""
         if self._snapshots is None or self._stale:
             return False
-        ix, times = self._ix, self._times
-        mems, order_of = ix.mem, times._order_of
-        doc_of = ix.row_doc
-
-        def docs(ms: list[Memory]) -> list[int]:
-            return [doc_of[m.row_key] for m in ms]
-
+        ix = self._ix
         state = {
-            "ix": ix, "times": times,
-            "mems": [list(col) for col in zip(*map(_FIELD_VALUES, mems))],
-            "current": self._current,
-            "history": {k: docs(v) for k, v in self._history.items()},
-            "tombs": {k: docs(v) for k, v in self._tombs.items()},
-            "newest": {k: doc_of[m.row_key] for k, m in self._newest.items()},
-            "retired": self._retired, "key_ids": self._key_ids, "seen": self._seen,
-            "pending": self._pending, "applied": self._applied, "version": self._version,
+            "ix": ix, "times": self._times, "current": self._current, "history": self._history,
+            "tombs": self._tombs, "newest": self._newest, "retired": self._retired, "key_ids": self._key_ids,
+            "seen": self._seen, "pending": self._pending, "applied": self._applied, "version": self._version,
         }
-        # The rows go as columns (above), and the timetable's callback is this view's: both are
-        # put back on reading (_install).
-        ix.mem, times._order_of = [], None  # type: ignore[assignment]
-        try:
-            self._snapshots.write(Meta(self._db.id, self._store, self._dim, ix.cols.n), state)
-        finally:
-            ix.mem, times._order_of = mems, order_of
+        self._snapshots.write(Meta(self._db.id, self._store, self._dim, ix.cols.n), state)
         self._snap_docs = ix.cols.n
         return True
 
@@ -417,16 +390,16 @@ class ViewFeed:
         ix = self._ix
         doc = ix.add(m, self._seq(m.entry_id))
         self._version += 1
-        for target in self._note(m):
+        for target in self._note(m, doc):
             self._times.add(self._key_id(target), doc, True)
             cur = self._current.get(target)
-            if cur is not None and ix.mem[cur].order < m.order:
+            if cur is not None and ix.mem.order(cur) < m.order:
                 ix.retire(cur)  # retired by a newer row's supersedes edge
                 del self._current[target]
         self._times.add(self._key_id(m.key), doc, False)
         newest = self._newest.get(m.key)
-        if newest is None or newest.order < m.order:
-            self._newest[m.key] = m
+        if newest is None or ix.mem.order(newest) < m.order:
+            self._newest[m.key] = doc
             cur = self._current.pop(m.key, None)
             if cur is not None:
                 ix.retire(cur)
@@ -438,15 +411,15 @@ class ViewFeed:
             for order, vec in pending.values():
                 ix.index_vector(doc, order, vec)
 
-    def _note(self, m: Memory) -> list[str]:
-        """Record m in its key's history and as a tombstone of the other keys it supersedes;
-        returns those keys."""
-        self._history.setdefault(m.key, []).append(m)
+    def _note(self, m: Memory, doc: int) -> list[str]:
+        """Record m (at ``doc``) in its key's history and as a tombstone of the other keys it
+        supersedes; returns those keys."""
+        self._history.setdefault(m.key, []).append(doc)
         targets = []
         for edge in m.edges:
             if edge.type == SUPERSEDES and edge.to != m.key and edge.to not in targets:
                 targets.append(edge.to)
-                self._tombs.setdefault(edge.to, []).append(m)
+                self._tombs.setdefault(edge.to, []).append(doc)
                 if self._retired.get(edge.to, _NEVER) < m.order:
                     self._retired[edge.to] = m.order
         return targets

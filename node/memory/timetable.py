@@ -71,6 +71,12 @@ class TimeTable:
         self._merge()
         return doc_mask[self.doc]
 
+    def group(self, key: int) -> list[int]:
+        """The docs of a key's items (its rows and tombstones), oldest first in T order."""
+        self._merge()
+        lo, hi = np.searchsorted(self.key, [key, key + 1]).tolist()
+        return self.doc[lo:hi].tolist()
+
     def held(self, t: int, known: np.ndarray | None = None) -> np.ndarray:
         """Docs of the rows that held at world time ``t``, one per key at most."""
         self._merge()

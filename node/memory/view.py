@@ -158,8 +158,8 @@ class MemoryView(ViewFeed):
         for line in sorted(per_row):
             h.update(line.encode("utf-8", "surrogatepass") + b"\n")
         row_key = [m.row_key for m in ix.mem]
-        h.update(repr(sorted((k, row_key[d]) for k, d in self._current.items())).encode("utf-8", "surrogatepass"))
-        for key in sorted(set(self._history) | set(self._tombs)):
+        h.update(repr(sorted((k, row_key[d]) for k, d in self._keys.current_items())).encode("utf-8", "surrogatepass"))
+        for key in sorted(self._keys.ids):
             h.update(repr((key, [r.row_key for r in self.timeline(key)])).encode("utf-8", "surrogatepass"))
         h.update(repr(sorted(self._retired.items())).encode("utf-8", "surrogatepass"))
         h.update(repr(sorted(self._seen)).encode("utf-8", "surrogatepass"))
@@ -254,7 +254,7 @@ class MemoryView(ViewFeed):
     def current(self, key: str) -> Memory | None:
         """The current row of a memory key (newest in T order, not retired), or None."""
         ix = self._current_index()
-        doc = self._current.get(key)
+        doc = self._keys.current(key)
         return None if doc is None else ix.mem[doc]
 
     @locked
@@ -263,7 +263,7 @@ class MemoryView(ViewFeed):
         ``valid_to`` at ``now`` (the caller's clock; None: never), not quarantined, not a secret
         unless included. One lookup in the per-key index, whatever the bank's size."""
         ix = self._current_index()
-        doc = self._current.get(key)
+        doc = self._keys.current(key)
         if doc is None:
             return None
         m = ix.mem[doc]
@@ -275,9 +275,11 @@ class MemoryView(ViewFeed):
     def timeline(self, key: str) -> list[Memory]:
         """The key's rows and the tombstones naming it, newest first in T order."""
         self._current_index()
+        kid = self._keys.ids.get(key)
+        if kid is None:
+            return []
         mem = self._ix.mem
-        docs = self._history.get(key, []) + self._tombs.get(key, [])
-        return [mem[d] for d in sorted(docs, key=mem.order, reverse=True)]
+        return [mem[d] for d in reversed(self._times.group(kid))]
 
     @locked
     def held_at(self, t: int) -> list[Memory]:
@@ -353,7 +355,7 @@ class MemoryView(ViewFeed):
     def memories(self, *, include_superseded: bool = False) -> list[Memory]:
         """Current memories (every well-formed row with include_superseded), newest first."""
         ix = self._current_index()
-        mems = ix.mem if include_superseded else [ix.mem[d] for d in self._current.values()]
+        mems = ix.mem if include_superseded else [ix.mem[d] for d in self._keys.current_docs().tolist()]
         return sorted(mems, key=lambda m: m.order, reverse=True)
 
     @locked
@@ -361,7 +363,7 @@ class MemoryView(ViewFeed):
         """Current memories with no vector in the active embeddings store, newest first; rows
         holding a secret are never embedded, so they are never missing one."""
         ix = self._current_index()
-        docs = [d for d in self._current.values() if d not in ix.secret_of]
+        docs = [d for d in self._keys.current_docs().tolist() if d not in ix.secret_of]
         out = [ix.mem[d] for d in docs] if self._store is None else [
             ix.mem[d] for d in docs if not ix.has_vector(d, self._dim)]
         out.sort(key=lambda m: m.order, reverse=True)
@@ -465,7 +467,7 @@ class MemoryView(ViewFeed):
         no reader, every plain row is ``peer``), flagged per rule, secrets, quarantined, and
         how many have a vector in the active embeddings store (secrets need none)."""
         ix = self._current_index()
-        docs = np.fromiter(sorted(self._current.values()), dtype=np.int64, count=len(self._current))
+        docs = self._keys.current_docs()
         cols = ix.cols
         hidden = self._hidden_mask()
         quarantined = np.zeros(len(docs), dtype=bool) if hidden is None else hidden[docs]
@@ -505,13 +507,13 @@ class MemoryView(ViewFeed):
     def sizes(self) -> dict[str, int]:
         """Rows, current memories, timeline items and bytes of the arrays (for benchmarks)."""
         ix = self._current_index()
-        return {"rows": ix.cols.n, "current": len(self._current), "timeline_items": len(self._times),
+        return {"rows": ix.cols.n, "current": len(self._keys), "timeline_items": len(self._times),
                 **{f"{k}_bytes": v for k, v in ix.nbytes().items()}, "timeline_bytes": self._times.nbytes()}
 
     @locked
     def __len__(self) -> int:
         self._current_index()
-        return len(self._current)
+        return len(self._keys)
 
     def _past_items(self, past: Past) -> np.ndarray:
         if past.items is None:

@@ -46,6 +46,7 @@ import numpy as np
 from memmesh.crdt.database import Database, Rebuilt, RowRecord, RowsAdded
 
 from .heap import release_freed_memory
+from .key_table import KeyTable
 from .quarantine import QUARANTINE_STORE, Quarantine
 from .recall_args import check_dim, check_store
 from .recall_index import Order, RecallIndex
@@ -141,12 +142,9 @@ class ViewFeed:
     def _reset(self) -> None:
         self._ix = RecallIndex(self._vector_index)
         self._times = TimeTable(self._ix.cols, self._ix.mem)
-        self._current: dict[str, int] = {}  # memory key -> doc of its current row
-        self._history: dict[str, list[int]] = {}  # memory key -> docs of every well-formed row of it
-        self._tombs: dict[str, list[int]] = {}  # key -> docs of rows of other keys superseding it
-        self._newest: dict[str, int] = {}  # key -> doc of its newest row (current unless retired)
+        # key -> its group in the timeline table (its rows and tombstones), its current and newest rows
+        self._keys = KeyTable()
         self._retired: dict[str, Order] = {}  # key -> T order of the newest tombstone naming it
-        self._key_ids: dict[str, int] = {}  # key -> its group in the timeline table
         self._seen: set[str] = set()  # row keys of every memory row seen (malformed ones too)
         self._pending: dict[str, dict[int, tuple[Order, np.ndarray]]] = {}  # row -> length -> vec
         self._pasts: dict[str, Past] = {}
@@ -161,12 +159,6 @@ class ViewFeed:
     def _seq(self, entry_id: str) -> int:
         entry = self._db.entry(entry_id)
         return -1 if entry is None else entry.seq
-
-    def _key_id(self, key: str) -> int:
-        kid = self._key_ids.get(key)
-        if kid is None:
-            kid = self._key_ids[key] = len(self._key_ids)
-        return kid
 
     def _current_index(self) -> RecallIndex:
         if self._stale:
@@ -201,13 +193,14 @@ class ViewFeed:
             keys: list[int] = []
             item_docs: list[int] = []
             tombs: list[bool] = []
-            newest = self._newest
+            newest: dict[str, int] = {}
+            key_id = self._keys.id
             for doc, m in enumerate(mems):
-                for target in self._note(m, doc):
-                    keys.append(self._key_id(target))
+                for target in self._note(m):
+                    keys.append(key_id(target))
                     item_docs.append(doc)
                     tombs.append(True)
-                keys.append(self._key_id(m.key))
+                keys.append(key_id(m.key))
                 item_docs.append(doc)
                 tombs.append(False)
                 newest[m.key] = doc  # rows come in T order: the last one is the newest
@@ -216,7 +209,7 @@ class ViewFeed:
             retired = self._retired
             current = sorted(d for d in newest.values() if retired.get(mems[d].key, _NEVER) < mems[d].order)
             ix.make_current_many(current)
-            self._current = {mems[d].key: d for d in current}
+            self._keys.load(newest, [(mems[d].key, d) for d in current])
             self._version += 1
             self._load_vectors()
         self._stale = False
@@ -344,12 +337,8 @@ class ViewFeed:
     def _install(self, state: dict) -> None:
         self._reset()
         self._ix, self._times = state["ix"], state["times"]
-        self._current = state["current"]
-        self._history = state["history"]
-        self._tombs = state["tombs"]
-        self._newest = state["newest"]
+        self._keys = state["keys"]
         self._retired = state["retired"]
-        self._key_ids = state["key_ids"]
         self._seen = state["seen"]
         self._pending = state["pending"]
         self._applied = state["applied"]
@@ -361,8 +350,7 @@ class ViewFeed:
             return False
         ix = self._ix
         state = {
-            "ix": ix, "times": self._times, "current": self._current, "history": self._history,
-            "tombs": self._tombs, "newest": self._newest, "retired": self._retired, "key_ids": self._key_ids,
+            "ix": ix, "times": self._times, "keys": self._keys, "retired": self._retired,
             "seen": self._seen, "pending": self._pending, "applied": self._applied, "version": self._version,
         }
         self._snapshots.write(Meta(self._db.id, self._store, self._dim, ix.cols.n), state)
@@ -390,36 +378,35 @@ class ViewFeed:
         ix = self._ix
         doc = ix.add(m, self._seq(m.entry_id))
         self._version += 1
-        for target in self._note(m, doc):
-            self._times.add(self._key_id(target), doc, True)
-            cur = self._current.get(target)
+        keys = self._keys
+        for target in self._note(m):
+            self._times.add(keys.id(target), doc, True)
+            cur = keys.current(target)
             if cur is not None and ix.mem.order(cur) < m.order:
                 ix.retire(cur)  # retired by a newer row's supersedes edge
-                del self._current[target]
-        self._times.add(self._key_id(m.key), doc, False)
-        newest = self._newest.get(m.key)
+                keys.drop_current(target)
+        self._times.add(keys.id(m.key), doc, False)
+        newest = keys.newest(m.key)
         if newest is None or ix.mem.order(newest) < m.order:
-            self._newest[m.key] = doc
-            cur = self._current.pop(m.key, None)
+            keys.set_newest(m.key, doc)
+            cur = keys.drop_current(m.key)
             if cur is not None:
                 ix.retire(cur)
             if self._retired.get(m.key, _NEVER) < m.order:  # else a newer row of another key retired it
-                self._current[m.key] = doc
+                keys.set_current(m.key, doc)
                 ix.make_current(doc)
         # else: an older row arriving late, superseded from the start
         if pending:
             for order, vec in pending.values():
                 ix.index_vector(doc, order, vec)
 
-    def _note(self, m: Memory, doc: int) -> list[str]:
-        """Record m (at ``doc``) in its key's history and as a tombstone of the other keys it
-        supersedes; returns those keys."""
-        self._history.setdefault(m.key, []).append(doc)
+    def _note(self, m: Memory) -> list[str]:
+        """The other keys m supersedes (it is a tombstone in their timelines), noting the
+        newest tombstone of each."""
         targets = []
         for edge in m.edges:
             if edge.type == SUPERSEDES and edge.to != m.key and edge.to not in targets:
                 targets.append(edge.to)
-                self._tombs.setdefault(edge.to, []).append(doc)
                 if self._retired.get(edge.to, _NEVER) < m.order:
                     self._retired[edge.to] = m.order
         return targets

@@ -116,7 +116,7 @@ class InvertedIndex:
         # Tail postings (added since the main part was built): token id -> (slots, tf).
         self._tail: dict[int, array] = {}  # interleaved slot, tf, slot, tf, ... (int64)
         self._n_tail = 0
-        self._doc_slot: dict[int, int] = {}
+        self._doc_slot_of: dict[int, int] | None = {}  # None: to be made from the slots (unpickled)
         self._n_slots = 0
         self._slot_doc = np.empty(MIN_CAP, dtype=np.int64)
         self._slot_len = np.empty(MIN_CAP, dtype=np.float64)
@@ -131,6 +131,23 @@ class InvertedIndex:
         self._total_len = 0
         self._norm: np.ndarray | None = None
         self._subsets: list[Subset] = []  # subsets with their own statistics (see Subset)
+
+    @property
+    def _doc_slot(self) -> dict[int, int]:
+        """doc id -> its live slot: the inverse of the live slots' doc ids, kept as a dict for
+        writes; a snapshot (node/memory/snapshot.py) does not hold it, an opened view makes it on
+        its first change."""
+        if self._doc_slot_of is None:
+            live = np.flatnonzero(self._alive[: self._n_slots])
+            self._doc_slot_of = dict(zip(self._slot_doc[live].tolist(), live.tolist()))
+        return self._doc_slot_of
+
+    @_doc_slot.setter
+    def _doc_slot(self, value: dict[int, int]) -> None:
+        self._doc_slot_of = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_doc_slot_of": None}
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:

@@ -52,6 +52,8 @@ from .bm25 import InvertedIndex, Subset
 from .columns import DocColumns
 from .fusion import RRF_K, rank_candidates, rrf
 from .labels import Labels, row_labels
+from .multimap import IntMultiMap
+from .order_columns import OrderColumns
 from .row_table import DescKeys, RowTable
 from .rows import Memory, normalized_value
 from .tokens import document_text, tokenize
@@ -98,13 +100,13 @@ class RecallIndex:
         # lookup, not a scan of the bank (node/memory/dedup.py); rebuilt with the index, so a
         # forgotten value leaves it with the rest. A stable hash, not hash(): a view snapshot
         # (node/memory/snapshot.py) is read back by another process.
-        self.text_docs: dict[int, list[int]] = {}
+        self.text_docs = IntMultiMap()
         self.cols = DocColumns()
         self.all_bm25 = InvertedIndex()  # every doc: whole-history statistics
         self.bm25 = Subset(self.all_bm25)  # the current docs, with their own statistics
         self.vectors: dict[int, VectorIndex] = {}  # vector length -> the current docs' vectors
         self.old_vectors: dict[int, VectorIndex] = {}  # vector length -> the other docs' vectors
-        self.vec_order: dict[tuple[int, int], Order] = {}  # (doc, length) -> order of its row
+        self.vec_order: dict[int, OrderColumns] = {}  # length -> doc -> order of its vector's row
         self.links = Backlinks()
         self.secret_of: dict[int, str] = {}  # doc -> why it is a secret (few docs)
         self.flagged = 0  # docs with a hygiene flag
@@ -139,7 +141,7 @@ class RecallIndex:
         return doc
 
     def _said(self, doc: int, m: Memory) -> None:
-        self.text_docs.setdefault(text_key(normalized_value(m.value)), []).append(doc)
+        self.text_docs.add(text_key(normalized_value(m.value)), doc)
 
     def _about(self, doc: int, m: Memory) -> None:
         for entity in {e.casefold() for e in m.entities}:
@@ -190,7 +192,7 @@ class RecallIndex:
         self.bm25.remove(doc)
         self.links.remove(doc, self.mem[doc])
         for dim, index in self.vectors.items():
-            if (doc, dim) in self.vec_order:
+            if doc in self.vec_order[dim]:
                 self._move(doc, index, self._block(self.old_vectors, dim))
 
     @staticmethod
@@ -211,29 +213,34 @@ class RecallIndex:
         doc and length, none indexed yet), one bulk load per block and length."""
         current = self.cols.current
         by_block: dict[tuple[bool, int], tuple[list[int], list[np.ndarray]]] = {}
+        orders: dict[int, tuple[list[int], list[Order]]] = {}
         for (doc, dim), (order, vec) in best.items():
             docs, vecs = by_block.setdefault((bool(current[doc]), dim), ([], []))
             docs.append(doc)
             vecs.append(vec)
-            self.vec_order[(doc, dim)] = order
+            of_dim = orders.setdefault(dim, ([], []))
+            of_dim[0].append(doc)
+            of_dim[1].append(order)
+        for dim, (docs, of) in orders.items():
+            self.vec_order.setdefault(dim, OrderColumns()).scatter(docs, of)
         for (is_current, dim), (docs, vecs) in sorted(by_block.items()):
             self._block(self.vectors if is_current else self.old_vectors, dim).add_many(docs, vecs)
 
     def index_vector(self, doc: int, order: Order, vec: np.ndarray) -> None:
         """Index ``vec`` for ``doc`` unless a newer vector of that length is indexed."""
         dim = len(vec)
-        prev = self.vec_order.get((doc, dim))
+        prev = self.vec_order[dim].get(doc) if dim in self.vec_order else None
         if prev is not None and prev >= order:
             return
         index = self._block(self.vectors if self.cols.current[doc] else self.old_vectors, dim)
         if prev is not None:
             index.remove(doc)
         index.add(doc, vec)
-        self.vec_order[(doc, dim)] = order
+        self.vec_order.setdefault(dim, OrderColumns()).set(doc, order)
 
     def has_vector(self, doc: int, dim: int | None) -> bool:
         if dim is not None:
-            return (doc, dim) in self.vec_order
+            return dim in self.vec_order and doc in self.vec_order[dim]
         return any(doc in index for index in self.vectors.values())
 
     # ------------------------------------------------------------------ ranking

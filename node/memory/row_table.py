@@ -26,19 +26,10 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from .order_columns import Order, OrderColumns
 from .rows import Edge, Memory
 
 __all__ = ["RowTable"]
-
-Order = tuple[int, str, int]
-_PREFIX = "sha256:"
-_GROW = 64
-
-
-def _digest(entry_id: str) -> bytes:
-    if not entry_id.startswith(_PREFIX) or len(entry_id) != len(_PREFIX) + 64:
-        raise ValueError(f"not an entry id: {entry_id!r}")
-    return bytes.fromhex(entry_id[len(_PREFIX):])
 
 
 def _record(m: Memory) -> tuple[Any, ...]:
@@ -64,9 +55,7 @@ class RowTable(Sequence[Memory]):
 
     def __init__(self) -> None:
         self._n = 0
-        self._height = np.zeros(_GROW, dtype=np.int64)
-        self._clock = np.zeros(_GROW, dtype=np.int64)
-        self._digest = np.zeros((_GROW, 32), dtype=np.uint8)
+        self._orders = OrderColumns()
         self._blob = np.zeros(0, dtype=np.uint8)  # the packed rows' records, one after another
         self._offsets = np.zeros(1, dtype=np.int64)  # record i is blob[offsets[i]:offsets[i + 1]]
         self._tail: list[Memory] = []  # the rows after the packed ones
@@ -85,8 +74,8 @@ class RowTable(Sequence[Memory]):
         a, b = int(self._offsets[doc]), int(self._offsets[doc + 1])
         (key, value, tags, ts, author, row_key, category, confidence, importance, entities, edges, valid_from,
          valid_to, source) = msgpack.unpackb(self._blob[a:b], use_list=False, unicode_errors="surrogatepass")
-        return Memory(key, value, tags, ts, author, _PREFIX + self._digest[doc].tobytes().hex(), row_key,
-                      self.order(doc), category, confidence, importance, entities,
+        order = self.order(doc)
+        return Memory(key, value, tags, ts, author, order[1], row_key, order, category, confidence, importance, entities,
                       tuple(Edge(t, to, entry) for t, to, entry in edges), valid_from, valid_to, source)
 
     def __iter__(self) -> Iterator[Memory]:
@@ -94,47 +83,30 @@ class RowTable(Sequence[Memory]):
 
     def order(self, doc: int) -> Order:
         """The doc's T order, as its row's ``order``."""
-        return (int(self._height[doc]), _PREFIX + self._digest[doc].tobytes().hex(), int(self._clock[doc]))
+        order = self._orders.get(doc)
+        assert order is not None
+        return order
 
     def desc_key(self, doc: int) -> tuple[int, int, int]:
         """``order_desc_key(self.order(doc))``, without making the id's text."""
-        return (-int(self._height[doc]), -int.from_bytes(self._digest[doc].tobytes(), "big"), -int(self._clock[doc]))
+        return self._orders.desc_key(doc)
 
     def t_rank(self) -> np.ndarray:
         """Every doc's rank in T order (0 the oldest), in one sort."""
-        n = self._n
-        words = self._digest[:n].view(">u8")  # four big-endian words per digest: their order is the bytes'
-        by = np.lexsort((self._clock[:n], words[:, 3], words[:, 2], words[:, 1], words[:, 0], self._height[:n]))
-        rank = np.empty(n, dtype=np.int64)
-        rank[by] = np.arange(n, dtype=np.int64)
-        return rank
+        return self._orders.t_rank(self._n)
 
     # ------------------------------------------------------------------ adding
-    def _reserve(self, need: int) -> None:
-        cap = len(self._height)
-        if need <= cap:
-            return
-        cap = max(need, cap + cap // 2)
-        for name in ("_height", "_clock", "_digest"):
-            old = getattr(self, name)
-            grown = np.zeros((cap, *old.shape[1:]), dtype=old.dtype)
-            grown[: self._n] = old[: self._n]
-            setattr(self, name, grown)
-
     def append(self, m: Memory) -> None:
         self.extend((m,))
 
     def extend(self, mems: Iterable[Memory]) -> None:
         mems = list(mems)
-        first, end = self._n, self._n + len(mems)
-        self._reserve(end)
-        self._height[first:end] = [m.order[0] for m in mems]
-        self._clock[first:end] = [m.order[2] for m in mems]
-        if mems:
-            self._digest[first:end] = np.frombuffer(b"".join(_digest(m.order[1]) for m in mems),
-                                                    dtype=np.uint8).reshape(-1, 32)
+        for m in mems:
+            if m.entry_id != m.order[1]:  # the id is kept once, in the order's columns
+                raise ValueError(f"row {m.row_key!r}: its entry {m.entry_id!r} is not its order's {m.order[1]!r}")
+        self._orders.set_many(self._n, [m.order for m in mems])
         self._tail.extend(mems)
-        self._n = end
+        self._n += len(mems)
 
     def pack(self) -> None:
         """Move the rows added since the last packing into the byte column."""
@@ -148,7 +120,7 @@ class RowTable(Sequence[Memory]):
         self._tail = []
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self._height, self._clock, self._digest, self._blob, self._offsets))
+        return self._orders.nbytes() + self._blob.nbytes + self._offsets.nbytes
 
     def __getstate__(self) -> dict[str, Any]:
         self.pack()  # a pickle (a view snapshot) holds columns only

@@ -180,7 +180,7 @@ class VectorIndex:
         self.dim = int(dim)
         self._mat = np.zeros((_MIN_ROWS, self.dim), dtype=np.float32)
         self._ids = np.empty(_MIN_ROWS, dtype=np.int64)
-        self._row: dict[int, int] = {}
+        self._row_of: dict[int, int] | None = {}  # doc -> its row; None: to be made from _ids (unpickled)
         self._n = 0
         self._tol = (self.dim + 2) * 2.0**-23
         self._quantise_from = None if quantise_from is None else int(quantise_from)
@@ -222,9 +222,19 @@ class VectorIndex:
                 codes.put(a, block)
         index._mat, index._ids, index._codes = mat, id_arr, codes
         index._borrowed = mat is units
-        index._row = dict(zip(id_arr.tolist(), range(n)))
+        index._row_of = dict(zip(id_arr.tolist(), range(n)))
         index._n = n
         return index
+
+    def _row(self) -> dict[int, int]:
+        if self._row_of is None:
+            self._row_of = dict(zip(self._ids[: self._n].tolist(), range(self._n)))
+        return self._row_of
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The doc -> row map is the inverse of _ids: a snapshot (node/memory/snapshot.py) does not
+        # hold it, and an opened view makes it on its first change, not on its first search.
+        return {**self.__dict__, "_row_of": None}
 
     def units(self) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, rows)``: the doc ids and their normalised float32 rows, in storage order
@@ -244,7 +254,7 @@ class VectorIndex:
         return self._n
 
     def __contains__(self, doc_id: object) -> bool:
-        return doc_id in self._row
+        return doc_id in self._row()
 
     def nbytes(self) -> int:
         """Bytes of the rows' storage (capacity included) and of their codes."""
@@ -282,7 +292,7 @@ class VectorIndex:
     def add(self, doc_id: int, vector: np.ndarray) -> None:
         """Store ``vector`` (normalised) for ``doc_id``; the id must not be present."""
         doc_id = as_doc_id(doc_id)
-        if doc_id in self._row:
+        if doc_id in self._row():
             raise ValueError(f"doc_id {doc_id} is already indexed")
         unit = self._unit64(vector).astype(np.float32)
         self._put(doc_id, unit)
@@ -291,7 +301,7 @@ class VectorIndex:
         """Store a row exactly as :meth:`vector` returned it from an index of this ``dim``
         (already normalised, float32): moving a row between indexes keeps its bits."""
         doc_id = as_doc_id(doc_id)
-        if doc_id in self._row:
+        if doc_id in self._row():
             raise ValueError(f"doc_id {doc_id} is already indexed")
         unit = np.asarray(unit)
         if unit.shape != (self.dim,) or unit.dtype != np.float32:
@@ -307,7 +317,7 @@ class VectorIndex:
         if self._codes is not None:
             self._codes.put(r, self._mat[r : r + 1])
         self._ids[r] = doc_id
-        self._row[doc_id] = r
+        self._row()[doc_id] = r
         self._n = r + 1
 
     def add_many(self, ids: Iterable[int], matrix: np.ndarray | Sequence[np.ndarray]) -> None:
@@ -322,10 +332,10 @@ class VectorIndex:
         n = len(id_list)
         if len(matrix) != n:
             raise ValueError(f"{n} ids but {len(matrix)} vectors")
-        if len(set(id_list)) != n or not self._row.keys().isdisjoint(id_list):
+        if len(set(id_list)) != n or not self._row().keys().isdisjoint(id_list):
             seen: set[int] = set()
             for d in id_list:
-                if d in self._row or d in seen:
+                if d in self._row() or d in seen:
                     raise ValueError(f"doc_id {d} is already indexed")
                 seen.add(d)
         if isinstance(matrix, np.ndarray) and matrix.ndim != 2:
@@ -363,15 +373,15 @@ class VectorIndex:
             if self._codes is not None:
                 self._codes.put(r0 + a, self._mat[r0 + a : r0 + a + len(v)])
         self._ids[r0 : r0 + n] = id_list
-        self._row.update(zip(id_list, range(r0, r0 + n)))
+        self._row().update(zip(id_list, range(r0, r0 + n)))
         self._n = r0 + n
 
     def remove(self, doc_id: int) -> None:
         """Remove ``doc_id`` (KeyError if absent); the last row moves into its place."""
         doc_id = as_doc_id(doc_id)
-        r = self._row[doc_id]
+        r = self._row()[doc_id]
         self._own()
-        del self._row[doc_id]
+        del self._row()[doc_id]
         last = self._n - 1
         if r != last:
             self._mat[r] = self._mat[last]
@@ -379,7 +389,7 @@ class VectorIndex:
                 self._codes.move(last, r)
             moved = int(self._ids[last])
             self._ids[r] = moved
-            self._row[moved] = r
+            self._row()[moved] = r
         self._mat[last] = 0.0
         if self._codes is not None:
             self._codes.clear(last)
@@ -387,7 +397,7 @@ class VectorIndex:
 
     def vector(self, doc_id: int) -> np.ndarray:
         """The stored (normalised, float32) vector of ``doc_id`` (a copy)."""
-        return self._mat[self._row[as_doc_id(doc_id)]].copy()
+        return self._mat[self._row()[as_doc_id(doc_id)]].copy()
 
     def _exact(self, rows: np.ndarray, q64: np.ndarray) -> np.ndarray:
         out = np.empty(len(rows), dtype=np.float64)

@@ -149,7 +149,7 @@ class MemoryView(ViewFeed):
             vecs = []
             for dim, block in sorted(ix.vectors.items()) + sorted((-d, b) for d, b in ix.old_vectors.items()):
                 if doc in block:
-                    vecs.append((dim, block.vector(doc).tobytes(), ix.vec_order[(doc, abs(dim))]))
+                    vecs.append((dim, block.vector(doc).tobytes(), ix.vec_order[abs(dim)].get(doc)))
             per_row.append(repr((
                 m.row_key, m, bool(cols.current[doc]), float(cols.height[doc]), categories.get(int(cols.category[doc])),
                 int(cols.confidence[doc]), int(cols.valid_from[doc]), int(cols.valid_to[doc]), int(cols.ts[doc]),
@@ -162,7 +162,7 @@ class MemoryView(ViewFeed):
         for key in sorted(self._keys.ids):
             h.update(repr((key, [r.row_key for r in self.timeline(key)])).encode("utf-8", "surrogatepass"))
         h.update(repr(sorted(self._retired.items())).encode("utf-8", "surrogatepass"))
-        h.update(repr(sorted(self._seen)).encode("utf-8", "surrogatepass"))
+        h.update(repr(sorted(self._malformed)).encode("utf-8", "surrogatepass"))
         h.update(repr(sorted((r, sorted((d, o, v.tobytes()) for d, (o, v) in slot.items()))
                              for r, slot in self._pending.items())).encode("utf-8", "surrogatepass"))
         h.update(repr((len(ix.all_bm25), ix.all_bm25.avgdl, len(ix.bm25), ix.bm25.avgdl,
@@ -428,7 +428,7 @@ class MemoryView(ViewFeed):
         newest first: a lookup by the normalised text's hash, then an exact comparison."""
         ix = self._current_index()
         wanted = normalized_value(value)
-        docs = [d for d in ix.text_docs.get(text_key(wanted), ()) if ix.cols.current[d]
+        docs = [d for d in ix.text_docs.get(text_key(wanted)) if ix.cols.current[d]
                 and normalized_value(ix.mem[d].value) == wanted]
         return [ix.mem[d] for d in sorted(docs, key=ix.tiebreak.__getitem__)]
 

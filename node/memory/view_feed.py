@@ -145,7 +145,7 @@ class ViewFeed:
         # key -> its group in the timeline table (its rows and tombstones), its current and newest rows
         self._keys = KeyTable()
         self._retired: dict[str, Order] = {}  # key -> T order of the newest tombstone naming it
-        self._seen: set[str] = set()  # row keys of every memory row seen (malformed ones too)
+        self._malformed: set[str] = set()  # row keys of the memory rows that are not well formed
         self._pending: dict[str, dict[int, tuple[Order, np.ndarray]]] = {}  # row -> length -> vec
         self._pasts: dict[str, Past] = {}
         self._applied: dict[str, set[str]] = {}  # store -> entries whose rows this state holds
@@ -177,14 +177,15 @@ class ViewFeed:
         self._snap_docs = None
         with gc_paused():
             mems: list[Memory] = []
-            seen = self._seen
+            malformed = self._malformed
             applied = self._applied.setdefault(MEMORY_STORE, set())
             for rec in self._db.rows(MEMORY_STORE):  # in T order
-                seen.add(rec.key)
                 applied.add(rec.entry_id)
                 m = parse_memory(rec)
                 if m is not None:
                     mems.append(m)
+                else:
+                    malformed.add(rec.key)
             seq_of: dict[str, int] = {}
             seqs = [seq_of[m.entry_id] if m.entry_id in seq_of else seq_of.setdefault(m.entry_id, self._seq(m.entry_id))
                     for m in mems]
@@ -229,7 +230,7 @@ class ViewFeed:
             records = self._db.rows(self._store)
             self._applied[self._store] = {rec.entry_id for rec in records}
             best: dict[tuple[int, int], tuple[Order, np.ndarray]] = {}
-            row_doc, seen, pending = ix.row_doc, self._seen, self._pending
+            row_doc, malformed, pending = ix.row_doc, self._malformed, self._pending
             for rec, parsed in zip(records, parse_embeddings(records, self._dim)):
                 if parsed is None:
                     continue
@@ -240,7 +241,7 @@ class ViewFeed:
                     prev = best.get(key)
                     if prev is None or prev[0] < rec.order:
                         best[key] = (rec.order, vec)
-                elif row not in seen:  # as _add_vector
+                elif row not in malformed:  # as _add_vector
                     slot = pending.setdefault(row, {})
                     prev = slot.get(len(vec))
                     if prev is None or prev[0] < rec.order:
@@ -339,7 +340,7 @@ class ViewFeed:
         self._ix, self._times = state["ix"], state["times"]
         self._keys = state["keys"]
         self._retired = state["retired"]
-        self._seen = state["seen"]
+        self._malformed = state["malformed"]
         self._pending = state["pending"]
         self._applied = state["applied"]
         self._version = state["version"] + 1
@@ -351,7 +352,7 @@ class ViewFeed:
         ix = self._ix
         state = {
             "ix": ix, "times": self._times, "keys": self._keys, "retired": self._retired,
-            "seen": self._seen, "pending": self._pending, "applied": self._applied, "version": self._version,
+            "malformed": self._malformed, "pending": self._pending, "applied": self._applied, "version": self._version,
         }
         self._snapshots.write(Meta(self._db.id, self._store, self._dim, ix.cols.n), state)
         self._snap_docs = ix.cols.n
@@ -368,12 +369,12 @@ class ViewFeed:
         return self._snap_docs is None or n - self._snap_docs >= max(1000, n // 10)
 
     def _add_memory(self, rec: RowRecord) -> None:
-        if rec.key in self._seen:
-            return
-        self._seen.add(rec.key)
+        if rec.key in self._ix.row_doc or rec.key in self._malformed:
+            return  # seen before
         pending = self._pending.pop(rec.key, None)
         m = parse_memory(rec)
         if m is None:
+            self._malformed.add(rec.key)
             return
         ix = self._ix
         doc = ix.add(m, self._seq(m.entry_id))
@@ -419,7 +420,7 @@ class ViewFeed:
         doc = self._ix.row_doc.get(row)
         if doc is not None:
             self._ix.index_vector(doc, rec.order, vec)
-        elif row not in self._seen:
+        elif row not in self._malformed:
             slot = self._pending.setdefault(row, {})
             prev = slot.get(len(vec))
             if prev is None or prev[0] < rec.order:

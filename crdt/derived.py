@@ -31,6 +31,8 @@ def event_of(node: IndexedEntry) -> Event:
     return Event(node.entry.id, node.author_key, node.entry.seq, node.height, node.vv, node.ops,
                  node.entry.is_root, needs)
 
+_FEW_ENTRIES = 8  # rows(store) reads a store held by under an eighth of the entries entry by entry
+
 
 class DerivedState:
     """Derived from the log; rebuilt on open and when verdicts change."""
@@ -237,6 +239,11 @@ class DerivedState:
     def rows(self, store: str) -> list[RowRecord]:
         """Every row of the store that is shown (accepted, payload held, not erased), in T order."""
         self.ensure_live()
+        shown = self.shown_entries(store)
+        if len(shown) * _FEW_ENTRIES <= len(self._index.nodes):
+            # A store few entries hold (meta, quarantines, an agent's config in a big bank): read
+            # those entries, not every entry's payloads (seconds at a million memories).
+            return self.rows_of(store, shown)
         out: list[RowRecord] = []
         # Payloads are read from storage (the database keeps only headers in memory).
         for stored in self._storage.entries(self._db_id, stores=[store]):

@@ -1,10 +1,11 @@
 """The array-backed maps a memory view keeps instead of a Python object per row or key
-(node/memory/order_columns.py, multimap.py, key_table.py), against plain dicts: every sequence
+(node/memory/order_columns.py, multimap.py, key_table.py, str_ids.py), against plain dicts: every sequence
 of writes, compactions and pickles (a view snapshot) answers as the dict would."""
 from __future__ import annotations
 
 import pickle
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from memmesh.node.memory.key_table import KeyTable
 from memmesh.node.memory.multimap import IntMultiMap
 from memmesh.node.memory.order_columns import OrderColumns
 from memmesh.node.memory.rows import order_desc_key
+from memmesh.node.memory.str_ids import StrIds
 
 orders = st.tuples(st.integers(0, 2**40), st.binary(min_size=32, max_size=32).map(lambda b: "sha256:" + b.hex()),
                    st.integers(0, 2**31))
@@ -80,3 +82,38 @@ def test_a_key_table_answers_as_dicts(ops):
         assert keys.newest(key) == newest.get(key)
     assert sorted(keys.current_items()) == sorted(current.items())
     assert keys.current_docs().tolist() == sorted(current.values())
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("add"), st.text(max_size=4)),
+                          st.tuples(st.just("extend"), st.lists(st.text(min_size=5, max_size=8), max_size=4, unique=True)),
+                          st.just(("pickle", None))), max_size=40),
+       st.lists(st.text(max_size=8), max_size=10))
+def test_str_ids_answer_as_a_dict_pickled_or_not(ops, probes):
+    ids, model = StrIds(), {}
+    for op, arg in ops:
+        if op == "add":
+            assert ids.add(arg) == model.setdefault(arg, len(model))
+        elif op == "extend":
+            new = [s for s in arg if s not in model]
+            ids.extend(new)
+            for s in new:
+                model[s] = len(model)
+        else:
+            ids = pickle.loads(pickle.dumps(ids, protocol=5))  # reads go through the hash table
+        for s in list(model)[:5] + probes:
+            assert ids.get(s) == model.get(s)
+            assert (s in ids) == (s in model)
+    assert list(ids) == list(model) and len(ids) == len(model)
+    assert all(ids.string(i) == s for s, i in model.items())
+
+
+def test_str_ids_refuse_a_string_numbered_twice():
+    ids = StrIds(["a"])
+    with pytest.raises(ValueError, match="already had an id"):
+        ids.extend(["b", "a"])
+    assert list(ids) == ["a"] and ids.get("b") is None  # refused: nothing changed
+    with pytest.raises(ValueError, match="distinct"):
+        StrIds(["x", "x"])
+    with pytest.raises(KeyError):
+        ids["zzz"]

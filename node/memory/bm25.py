@@ -87,6 +87,7 @@ from .arrays import EMPTY_I64, MIN_CAP, as_doc_id, group_order, grown, resized, 
 from .bm25_subset import Subset
 from .fusion import _check_limit, rank_candidates
 from .heap import release_freed_memory
+from .str_ids import StrIds
 
 __all__ = ["B", "K1", "InvertedIndex", "Subset"]
 
@@ -106,8 +107,7 @@ class InvertedIndex:
     def __init__(self, k1: float = K1, b: float = B) -> None:
         self.k1 = float(k1)
         self.b = float(b)
-        self._vocab: dict[str, int] = {}
-        self._tokens: list[str] = []  # token id -> token
+        self._vocab = StrIds()  # token <-> token id
         self._df: list[int] = []  # live document frequency
         # Main postings (CSR): token id t < len(_offs) - 1 owns [_offs[t], _offs[t + 1]).
         self._offs = np.zeros(1, dtype=np.int64)
@@ -131,6 +131,11 @@ class InvertedIndex:
         self._total_len = 0
         self._norm: np.ndarray | None = None
         self._subsets: list[Subset] = []  # subsets with their own statistics (see Subset)
+
+    @property
+    def _tokens(self) -> list[str]:
+        """token id -> token (read only)."""
+        return self._vocab.strings
 
     @property
     def _doc_slot(self) -> dict[int, int]:
@@ -163,7 +168,7 @@ class InvertedIndex:
 
     def vocabulary(self) -> list[str]:
         """Every token ever indexed (some may have no live document now)."""
-        return list(self._tokens)
+        return list(self._vocab.strings)
 
     def df(self, token: str) -> int:
         """Number of current documents containing ``token``."""
@@ -221,13 +226,12 @@ class InvertedIndex:
         ntok = len(counts)
         start = self._fwd_n
         self._reserve_fwd(start + ntok)
-        vocab, df, tail = self._vocab, self._df, self._tail
+        vocab, df, tail = self._vocab.as_dict(), self._df, self._tail
         tids = []
         for token, tf in counts.items():
             tid = vocab.get(token)
             if tid is None:
-                tid = vocab[token] = len(self._tokens)
-                self._tokens.append(token)
+                tid = self._vocab.add(token)
                 df.append(0)
             df[tid] += 1
             t = tail.get(tid)
@@ -268,7 +272,7 @@ class InvertedIndex:
         # Token ids are given by a copy of the vocabulary that numbers new tokens as they
         # first occur (the order add gives them ids in); the index is left untouched until
         # every document has been accepted.
-        tid_of: defaultdict[str, int] = defaultdict(count(first_tid).__next__, self._vocab)
+        tid_of: defaultdict[str, int] = defaultdict(count(first_tid).__next__, self._vocab.as_dict())
         ids: list[int] = []
         lens_parts: list[np.ndarray] = []
         tid_parts: list[np.ndarray] = []
@@ -304,8 +308,7 @@ class InvertedIndex:
             return
         new = list(islice(tid_of, first_tid, None))
         del tid_of
-        self._vocab.update(zip(new, range(first_tid, first_tid + len(new))))
-        self._tokens.extend(new)
+        self._vocab.extend(new)
         del new
         lens = np.concatenate(lens_parts)
         tids = np.concatenate(tid_parts)
@@ -437,8 +440,7 @@ class InvertedIndex:
         self._fwd_tok = resized(fwd_tok, fcap)
         self._fwd_tf = resized(fwd_tf, fcap)
         self._fwd_n = len(fwd_tok)
-        self._tokens = tokens
-        self._vocab = {t: i for i, t in enumerate(tokens)}
+        self._vocab = StrIds(tokens)
         self._df = old_df[keep_tok].tolist()
         self._doc_slot = dict(zip(self._slot_doc[:n_live].tolist(), range(n_live)))
         self._n_slots = n_live

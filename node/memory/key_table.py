@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .str_ids import StrIds
+
 __all__ = ["KeyTable"]
 
 _NONE = -1
@@ -22,7 +24,7 @@ class KeyTable:
     """key -> id; id -> doc of the current row, doc of the newest row (-1: none)."""
 
     def __init__(self) -> None:
-        self.ids: dict[str, int] = {}
+        self.ids = StrIds()
         self._current = np.full(_GROW, _NONE, dtype=np.int64)
         self._newest = np.full(_GROW, _NONE, dtype=np.int64)
         self.currents = 0  # keys with a current row
@@ -31,7 +33,7 @@ class KeyTable:
         """The key's id, given on first sight (ids are 0, 1, 2, ... in that order)."""
         kid = self.ids.get(key)
         if kid is None:
-            kid = self.ids[key] = len(self.ids)
+            kid = self.ids.add(key)
             if kid >= len(self._current):
                 cap = kid + 1 + (kid + 1) // 2
                 for name in ("_current", "_newest"):
@@ -86,7 +88,7 @@ class KeyTable:
     def current_items(self) -> Iterator[tuple[str, int]]:
         """(key, doc of its current row) for every key that has one."""
         current = self._current
-        for key, kid in self.ids.items():
+        for kid, key in enumerate(self.ids.strings):
             if current[kid] != _NONE:
                 yield key, int(current[kid])
 

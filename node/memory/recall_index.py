@@ -56,6 +56,7 @@ from .multimap import IntMultiMap
 from .order_columns import OrderColumns
 from .row_table import DescKeys, RowTable
 from .rows import Memory, normalized_value
+from .str_ids import StrIds
 from .tokens import document_text, tokenize
 from .vectors import VectorIndex
 
@@ -93,7 +94,7 @@ class RecallIndex:
         threshold through it)."""
         self._vector_index = vector_index
         self.mem = RowTable()  # doc -> its memory
-        self.row_doc: dict[str, int] = {}
+        self.row_doc = StrIds()  # row key -> doc (docs are numbered as rows arrive)
         self.tag_docs: dict[str, set[int]] = {}  # casefolded tag -> docs carrying it
         self.entity_docs: dict[str, set[int]] = {}  # casefolded entity -> docs about it
         # text_key of the normalised value -> docs saying it: remember's same-text check is a
@@ -132,7 +133,8 @@ class RecallIndex:
         doc = self.cols.append(m, seq, labels)
         self._count(doc, labels)
         self.mem.append(m)
-        self.row_doc[m.row_key] = doc
+        if self.row_doc.add(m.row_key) != doc:
+            raise ValueError(f"row {m.row_key!r} is already a doc of this view")
         for tag in {t.casefold() for t in m.tags}:
             self.tag_docs.setdefault(tag, set()).add(doc)
         self._about(doc, m)
@@ -158,7 +160,7 @@ class RecallIndex:
             if lab.secret is not None or lab.flag is not None or lab.ingested or lab.derived:
                 self._count(doc, lab)
         self.mem.extend(mems)
-        self.row_doc.update(zip((m.row_key for m in mems), docs))
+        self.row_doc.extend([m.row_key for m in mems])
         tag_docs = self.tag_docs
         for doc, m in zip(docs, mems):
             for tag in {t.casefold() for t in m.tags}:

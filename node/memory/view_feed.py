@@ -230,7 +230,7 @@ class ViewFeed:
             records = self._db.rows(self._store)
             self._applied[self._store] = {rec.entry_id for rec in records}
             best: dict[tuple[int, int], tuple[Order, np.ndarray]] = {}
-            row_doc, malformed, pending = ix.row_doc, self._malformed, self._pending
+            row_doc, malformed, pending = ix.row_doc.as_dict(), self._malformed, self._pending
             for rec, parsed in zip(records, parse_embeddings(records, self._dim)):
                 if parsed is None:
                     continue

@@ -116,6 +116,35 @@ def test_a_view_opened_from_its_snapshot_shows_what_a_rebuild_shows(bank):
     storage.close()
 
 
+def test_a_view_mapped_from_its_snapshot_is_unchanged_when_the_file_is_replaced_or_removed(bank):
+    # An opened view's arrays are the snapshot file's pages (copy-on-write): writes to the view
+    # must not reach the file, and a new snapshot renamed over it, or its removal, must not
+    # change what the open view shows.
+    path, snaps = bank
+    storage, db = open_db(path)
+    first = view(db, snaps)
+    first.save_snapshot()
+    first.close()
+    (file,) = snaps.files()
+    on_disk = file.read_bytes()
+    v = view(db, snaps)
+    assert v.opened_from == "snapshot"
+    write(db, ALICE, 3000, 40, supersede_every=3)  # rows change the mapped arrays: private pages
+    assert file.read_bytes() == on_disk
+    assert_same_as_rebuild(v, db)
+    other = view(db, snaps)  # another view of the same file, opened from it, writes its own snapshot
+    assert other.opened_from == "snapshot"
+    write(db, BOB, 4000, 30)
+    other.save_snapshot()  # renamed over the file v was mapped from
+    assert file.read_bytes() != on_disk
+    assert_same_as_rebuild(v, db)
+    file.unlink()
+    write(db, ALICE, 5000, 20)
+    assert_same_as_rebuild(v, db)
+    assert_same_as_rebuild(other, db)
+    storage.close()
+
+
 def test_a_snapshot_of_a_small_view_is_not_written(tmp_path):
     storage = SqliteStorage(tmp_path / "b.sqlite")
     db = new_db(ADMIN, storage)

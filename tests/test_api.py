@@ -359,6 +359,9 @@ async def test_refusals_of_the_node_map_to_their_codes(api):
          "agent beta may not write to bank notes"),
         ("POST", "/v1/explain", {"entry_id": "sha256:" + "0" * 64}, 404, "not_found", "is not known"),
         ("POST", "/v1/retention/run", {"db": "alpha"}, 422, "refused", "alpha has no retention policy"),
+        # two fields that each fit the schema, refused for what they mean together
+        ("POST", "/v1/memory/quarantine", {"bank": "notes", "who": "alpha", "from": "2026-02-01", "to": "2026-01-01"},
+         422, "refused", "must be before to"),
     ]
     before = await api.written()
     for method, path, body, status, code, message in cases:

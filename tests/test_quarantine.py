@@ -477,8 +477,8 @@ def _boss(n: Node) -> str:
 @pytest.mark.parametrize("params, error, says", [
     ({"who": "alpha", "as": "beta"}, AuthError, "beta (ed25519:"),  # a writer
     ({"who": "BANK_KEY", "as": "boss"}, AuthError, "stronger than the signer's Admin(5)"),
-    ({"who": "alpha", "from": "2026-02-01", "to": "2026-01-01"}, ParamsError, "must be before to"),
-    ({"who": "alpha", "from": "2026-01-01", "to": "2026-01-01"}, ParamsError, "must be before to"),
+    ({"who": "alpha", "from": "2026-02-01", "to": "2026-01-01"}, MemoryInputError, "must be before to"),
+    ({"who": "alpha", "from": "2026-01-01", "to": "2026-01-01"}, MemoryInputError, "must be before to"),
     ({"who": "alpha", "from": "soon"}, ParamsError, "ISO 8601"),
     ({"who": "nobody"}, UnknownName, "no agent named 'nobody'"),
     ({"who": "alpha", "as": "nobody"}, UnknownName, "no agent named 'nobody'"),

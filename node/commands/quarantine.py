@@ -18,6 +18,7 @@ from memmesh.node.commands.params import BankRef, Cli, EntryId, OptionalAgent, P
 from memmesh.node.commands.registry import command
 from memmesh.node.commands.result import Result
 from memmesh.node.commands.tools import WorldTime
+from memmesh.node.memory.input_error import MemoryInputError
 from memmesh.node.memory.quarantine import (
     QUARANTINE_STORE,
     Quarantine,
@@ -192,7 +193,9 @@ def memory_quarantine(node: Node, p: MemoryQuarantine) -> Result:
     start = None if p.from_ is None else check_time("from", p.from_)
     end = None if p.to is None else check_time("to", p.to)
     if start is not None and end is not None and start >= end:
-        raise ParamsError(f"memory.quarantine: from ({p.from_}) must be before to ({p.to}); the range would hide nothing")
+        # The schema cannot compare two fields: a refusal for what they mean (422, docs/api.md).
+        raise MemoryInputError(f"memory.quarantine: from ({p.from_}) must be before to ({p.to}); "
+                               "the range would hide nothing")
     signer = _signer(node, bank, p.as_)
     by = str(signer.public)
     names = _names(node)

@@ -32,7 +32,7 @@ def test_the_budget_is_monotone(a, b):
 texts = st.text(min_size=1, max_size=300)
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(st.lists(st.tuples(texts, texts, st.one_of(st.none(), st.text(max_size=20))), max_size=40),
        st.integers(0, 400_000), st.lists(st.text(min_size=1, max_size=64), max_size=3))
 def test_the_block_never_exceeds_its_budget_and_counts_what_it_left_out(rows, window, missing):

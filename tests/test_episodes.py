@@ -177,7 +177,7 @@ FIELDS = st.fixed_dictionaries({}, optional={"kind": st.sampled_from(["deploy", 
                                              "summary": JSON, "episode": JSON, "verdict": JSON, "reason": JSON})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(value=JSON | FIELDS)
 def test_reading_a_stored_row_never_raises(value):
     row = RowRecord("episodes", "c/0", value, "sha256:" + "b" * 64, str(W1.public), 5, (1, "sha256:" + "b" * 64, 0))

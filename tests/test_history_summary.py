@@ -107,7 +107,7 @@ def _window(n: int, lengths: list[int], budget: int):
     return p, build_window(p, lambda t: texts[t.id], lambda c: summaries[c.id], budget)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.integers(0, 230), st.lists(st.integers(0, 400), min_size=1, max_size=7), st.integers(1, 20_000))
 def test_window_never_exceeds_its_budget_and_falls_in_resolution_with_age(n, lengths, budget):
     p, w = _window(n, lengths, budget)

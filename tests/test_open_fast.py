@@ -171,7 +171,7 @@ def key_strings(rows: KeyRange | tuple[Row, ...]) -> list[str]:
     return [r.key for r in rows]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(payloads(), max_size=25))
 def test_live_keys_compare_exactly_as_key_strings(sequence: list[tuple[int, KeyRange | tuple[Row, ...]]]) -> None:
     live, model = LiveKeys(), set()

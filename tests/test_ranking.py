@@ -566,7 +566,7 @@ def _bm25_state(ix: InvertedIndex, queries) -> list:
 
 
 @given(_bulk_docs, st.integers(0, 60), st.sampled_from([1, 3, 4096]), st.randoms(use_true_random=False))
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_bm25_add_many_equals_incremental(docs, split, merge_min, rnd):
     # The same corpus built one document at a time and in bulk (into an empty index, and
     # into one holding the first documents) answers every query identically: same ids,
@@ -702,7 +702,7 @@ def test_vectors_add_many_equals_add(rows, split, queries):
 
 
 @given(st.lists(st.lists(st.floats(-1e150, 1e150, allow_nan=False), min_size=1, max_size=70), min_size=1, max_size=8))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_vectors_bulk_norm_is_fsum_exactly(rows):
     # The vectorised sum of squares equals math.fsum wherever it claims to; rows it cannot
     # verify go through add's own path, so float64 input is bit-identical too.

@@ -294,7 +294,7 @@ texts = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(texts)
 def test_find_secret_never_raises_agrees_with_itself_and_with_the_unfiltered_scan(text):
     answer = find_secret(text)

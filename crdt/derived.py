@@ -13,21 +13,30 @@ from typing import Any
 import pycrdt
 
 from memmesh.auth.permissions import ADMIN, WRITE, Permission
+from memmesh.crdt.entry import StoreDescriptor
 from memmesh.crdt.log_index import DECODED_ON_OPEN, IndexedEntry, LogIndex
 from memmesh.crdt.open_marks import read_marks, write_marks
 from memmesh.crdt.records import META, RowRecord, RowsAdded, _apply_to
 from memmesh.crdt.row_keys import KeyRange, LiveKeys, ShownKeys
 from memmesh.crdt.storage import Storage
 from memmesh.crdt.validity import AuthSettings, Evaluator, Event, Verdict
-from memmesh.crdt.yjs import Row, decode_append_update
+from memmesh.crdt.yjs import Row, decode_append_update, encode_gc
 
 # An entry applied by one ingest: its node, its decoded rows by store, the payloads stored.
 Applied = tuple[IndexedEntry, Mapping[str, tuple[Row, ...]], Mapping[str, bytes | None]]
 
 
+def _update_of(desc: StoreDescriptor, update: bytes | None, accepted: bool) -> bytes:
+    """What ``records._apply_to`` gives a store's document: the payload when its rows are shown,
+    otherwise a GC struct over its clocks (the author's later entries still integrate)."""
+    if accepted and update is not None:
+        return update
+    return encode_gc(desc.client, desc.clock, desc.clock_len)
+
+
 def event_of(node: IndexedEntry) -> Event:
     """The entry as the validity rule sees it."""
-    needs = ADMIN if any(op.author != node.author_key for op in node.erases) else WRITE
+    needs = ADMIN if node.erases and any(op.author != node.author_key for op in node.erases) else WRITE
     return Event(node.entry.id, node.author_key, node.entry.seq, node.height, node.vv, node.ops,
                  node.entry.is_root, needs)
 
@@ -139,13 +148,6 @@ class DerivedState:
         return (self.applies(node) and store not in self._index.absent(node.entry.id)
                 and (node.entry.id, store) not in self._hidden)
 
-    def show(self, node: IndexedEntry, rows: Mapping[str, tuple[Row, ...]]) -> dict[str, tuple[Row, ...]]:
-        """Record which of a node's rows are shown (in storage order); returns them by store."""
-        shown: dict[str, tuple[Row, ...]] = {}
-        for store in self._show_keys(node, rows):
-            shown[store] = rows[store]
-        return shown
-
     def _show_keys(self, node: IndexedEntry, rows: Mapping[str, ShownKeys]) -> list[str]:
         """Record which of a node's stores are shown, from their rows' keys; returns them."""
         assert self._live is not None
@@ -207,24 +209,37 @@ class DerivedState:
     def apply(self, applied: Sequence[Applied], gc_fill: Sequence[IndexedEntry]) -> None:
         """Bring documents and shown rows up to date with entries one ingest stored, without a
         rebuild: ``applied`` were accepted, ``gc_fill`` kept as candidates (their clocks only)."""
+        updates: dict[str, list[bytes]] = {}  # per document, in the order they are applied
         for node in gc_fill:
             for store, desc in node.entry.stores.items():
                 self._small_rows.pop(store, None)
-                doc = self._docs.get(store)
-                if doc is not None:
-                    _apply_to(doc, store, desc, None, False)
+                if store in self._docs:
+                    updates.setdefault(store, []).append(_update_of(desc, None, False))
         # Every payload stored by this ingest passed its checks: recorded, open skips them.
-        write_marks(self._storage, self._db_id, self._index.take_fresh_marks(
-            [n.entry.id for n in gc_fill] + [n.entry.id for n, _r, _p in applied]))
+        fresh = self._index.take_fresh_marks([n.entry.id for n in gc_fill] + [n.entry.id for n, _r, _p in applied])
+        write_marks(self._storage, self._db_id, fresh)
         by_store: dict[str, list[RowRecord]] = {}
         for node, rows, payloads in applied:
-            shown = self.show(node, rows)
-            for store, desc in node.entry.stores.items():
-                doc = self._docs.get(store)
-                if doc is not None:
-                    _apply_to(doc, store, desc, payloads.get(store), store in shown)
-            for store, store_rows in shown.items():
-                by_store.setdefault(store, []).extend(self._records(store, node, store_rows))
+            stores = node.entry.stores
+            # A payload whose rows are keyed by their own clocks (what a mark records) is shown
+            # by its key range, as open shows it: the same keys, compared without a string each.
+            marked = fresh.get(node.entry.id)
+            keys: Mapping[str, ShownKeys] = rows if not marked else {
+                s: (KeyRange(stores[s].client, stores[s].clock, stores[s].clock_len) if s in marked else r)
+                for s, r in rows.items()}
+            shown = self._show_keys(node, keys)
+            for store, desc in stores.items():
+                if store in self._docs:
+                    updates.setdefault(store, []).append(_update_of(desc, payloads.get(store), store in shown))
+            for store in shown:
+                by_store.setdefault(store, []).extend(self._records(store, node, rows[store]))
+        for store, pending in updates.items():
+            doc = self._docs[store]
+            # One document transaction for the batch: the same updates in the same order, without
+            # a transaction each.
+            with doc.transaction():
+                for update in pending:
+                    doc.apply_update(update)
         for store, records in by_store.items():
             self._small_rows.pop(store, None)
             if store == META:

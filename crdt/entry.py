@@ -72,6 +72,13 @@ def client_id_for(author: bytes) -> int:
     return int.from_bytes(digest[:8], "big") & MAX_SAFE_INT
 
 
+@lru_cache(maxsize=4096)
+def _key_text(author: bytes) -> str:
+    # The pipeline asks an entry for its author's key text several times (feeds, verdicts,
+    # observers): one encoding per author rather than one per question.
+    return public_key_str(author)
+
+
 @dataclass(frozen=True, slots=True)
 class StoreDescriptor:
     """What the signed header says about one store's payload."""
@@ -109,7 +116,7 @@ class Entry:
 
     @property
     def author_key(self) -> str:
-        return public_key_str(self.author)
+        return _key_text(self.author)
 
     @property
     def client(self) -> int:
@@ -265,7 +272,7 @@ def decode_entry(
     if type(stores_raw) is not dict or not stores_raw or len(stores_raw) > MAX_STORES:
         raise _reject("entry.format", f"stores must be a map of 1..{MAX_STORES} descriptors")
     names = list(stores_raw)
-    if names != sorted(names, key=lambda n: n.encode("utf-8")):
+    if len(names) > 1 and names != sorted(names, key=lambda n: n.encode("utf-8")):
         raise _reject("entry.canonical", "store names must be in byte order")
     client = client_id_for(author)
     stores: dict[str, StoreDescriptor] = {}
@@ -274,13 +281,19 @@ def decode_entry(
             raise _reject("entry.format", f"a store name is 1..{MAX_STORE_NAME} characters")
         if type(desc) is not list or len(desc) != 5:
             raise _reject("entry.format", f"descriptor of store {name!r} is [sha256, length, client, clock, clock_len]")
-        d = StoreDescriptor(
-            _raw32(desc[0], f"{name} sha256"),
-            _uint(desc[1], f"{name} length", MAX_PAYLOAD_BYTES),
-            _uint(desc[2], f"{name} client"),
-            _uint(desc[3], f"{name} clock"),
-            _uint(desc[4], f"{name} clock_len"),
-        )
+        sha, length, dclient, clock, clock_len = desc
+        if (type(sha) is bytes and len(sha) == 32 and type(length) is int and 0 <= length <= MAX_PAYLOAD_BYTES
+                and type(dclient) is int and 0 <= dclient <= MAX_SAFE_INT and type(clock) is int
+                and 0 <= clock <= MAX_SAFE_INT and type(clock_len) is int and 0 <= clock_len <= MAX_SAFE_INT):
+            d = StoreDescriptor(sha, length, dclient, clock, clock_len)
+        else:  # the same checks one by one, for the message of the first that fails
+            d = StoreDescriptor(
+                _raw32(sha, f"{name} sha256"),
+                _uint(length, f"{name} length", MAX_PAYLOAD_BYTES),
+                _uint(dclient, f"{name} client"),
+                _uint(clock, f"{name} clock"),
+                _uint(clock_len, f"{name} clock_len"),
+            )
         if d.clock_len == 0 or d.clock_end > MAX_SAFE_INT:
             raise _reject("entry.format", f"store {name!r} covers an empty or out-of-range clock range")
         if d.client != client:

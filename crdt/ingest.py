@@ -198,7 +198,8 @@ class IngestPipeline:
     def _take(self, batch: _Batch, entry: Entry, local: bool) -> None:
         """One entry of the batch: a copy, parked in the pending area, refused, or staged."""
         batch.authors[entry.id] = entry.author_key
-        node = self._index.get(entry.id)
+        nodes = self._index.nodes
+        node = nodes.get(entry.id)
         if node is not None:
             filled = self._fill_in(batch, node, entry)
             if filled:
@@ -209,10 +210,12 @@ class IngestPipeline:
             return
         if self._pending:
             entry = self._with_pending_copy(entry)
-        missing = [p for p in entry.parents if p not in self._index]
-        if entry.prev is not None and entry.prev not in self._index and entry.prev not in missing:
+        missing = [p for p in entry.parents if p not in nodes]
+        if entry.prev is not None and entry.prev not in nodes and entry.prev not in missing:
             missing.append(entry.prev)
-        lacking = [s for s, p in entry.payloads.items() if p is None and not self._covered(entry, s)]
+        lacking = None
+        if None in entry.payloads.values():
+            lacking = [s for s, p in entry.payloads.items() if p is None and not self._covered(entry, s)]
         if missing or lacking:
             if local:
                 raise MemmeshError("a local entry names unknown parents")
@@ -431,7 +434,10 @@ class IngestPipeline:
         vv[author] = entry.seq
         # Structural checks, whatever the author's standing: nothing malformed is stored.
         ops, rows, erases = self._index.check_payloads(entry, author)
-        size = len(entry.header) + sum(d.length for s, d in entry.stores.items() if entry.payloads.get(s) is not None)
+        size = len(entry.header)
+        for store, desc in entry.stores.items():
+            if entry.payloads.get(store) is not None:
+                size += desc.length
         wanted = bool(self._pending) and self._needed_by_a_writer(entry)
         forks = self._index.entries_at(author, entry.seq)
         if forks:
@@ -466,7 +472,8 @@ class IngestPipeline:
         self._index.insert(node)
         changed = self._derived.add(event)
         accepted = self._derived.applies(node)
-        if any(i != entry.id and i in self._index for i in changed):
+        # Usually only its own verdict is new: others changed only when a settings entry moved them.
+        if (len(changed) != 1 or entry.id not in changed) and any(i != entry.id and i in self._index for i in changed):
             return node, "rebuild", rows
         if not accepted:
             self._unaccepted.count(author, size)

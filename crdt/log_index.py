@@ -50,7 +50,9 @@ class LogIndex:
 
     def __init__(self) -> None:
         self._nodes: dict[str, IndexedEntry] = {}
-        self._by_seq: dict[tuple[str, int], list[str]] = {}  # both entries of a fork stay findable
+        # Both entries of a fork stay findable. Tuples: one entry per seq is the rule, and a tuple
+        # of strings is no object the garbage collector keeps visiting.
+        self._by_seq: dict[tuple[str, int], tuple[str, ...]] = {}
         self._feed_top: dict[str, tuple[int, str]] = {}  # author -> (highest seq, entry id)
         self._equivocators: dict[str, int] = {}  # author -> first forked seq
         self._next_clock: dict[tuple[str, str], int] = {}  # along each unflagged author's feed
@@ -165,11 +167,13 @@ class LogIndex:
         if entry.payloads:
             # Headers stay in memory; payloads live in storage only (read when rebuilding).
             entry = node.entry = _with_payloads(entry, _NO_PAYLOADS)
+        author = node.author_key
         self._nodes[entry.id] = node
-        self._by_seq.setdefault((node.author_key, entry.seq), []).append(entry.id)
-        top = self._feed_top.get(node.author_key)
+        at = (author, entry.seq)
+        self._by_seq[at] = self._by_seq.get(at, ()) + (entry.id,)
+        top = self._feed_top.get(author)
         if top is None or entry.seq > top[0]:
-            self._feed_top[node.author_key] = (entry.seq, entry.id)
+            self._feed_top[author] = (entry.seq, entry.id)
         for p in entry.parents:
             self._heads.discard(p)
         self._heads.add(entry.id)
@@ -179,7 +183,7 @@ class LogIndex:
             self._erase_nodes.add(entry.id)
         if not node.excluded:
             for store, desc in entry.stores.items():
-                self._next_clock[(node.author_key, store)] = desc.clock_end
+                self._next_clock[(author, store)] = desc.clock + desc.clock_len  # desc.clock_end
                 self._stores.add(store)
 
     def index_stored(self, entry: Entry, marked: AbstractSet[str] = frozenset()

@@ -196,6 +196,10 @@ def check_entry(entry: object) -> StoredEntry:
     The copy holds ``bytes`` (not bytearray/memoryview) and a read-only payload mapping
     ordered by store name, so that what an adapter returns never aliases caller data.
     """
+    if type(entry) is StoredEntry and _plain_name(entry.id) and type(entry.header) is bytes and \
+            type(entry.payloads) in _PLAIN_MAPPINGS and _plain_payloads(entry.payloads):
+        # What the pipeline stores: every check below holds, decided without naming each field.
+        return StoredEntry(entry.id, entry.header, freeze_payloads(entry.payloads))
     if not isinstance(entry, StoredEntry):
         raise TypeError(f"expected a StoredEntry, not {type(entry).__name__}")
     entry_id = check_name(entry.id, "entry id")
@@ -207,6 +211,21 @@ def check_entry(entry: object) -> StoredEntry:
         check_name(store, f"store name in {entry_id}")
         payloads[store] = None if data is None else check_bytes(data, f"payload {store!r} of {entry_id}")
     return StoredEntry(entry_id, header, freeze_payloads(payloads))
+
+
+_PLAIN_MAPPINGS = (dict, MappingProxyType)
+
+
+def _plain_name(value: object) -> bool:
+    """A name ``check_name`` takes as it is: a non-empty ASCII str without NUL."""
+    return type(value) is str and value.isascii() and bool(value) and "\x00" not in value
+
+
+def _plain_payloads(payloads: Mapping[str, bytes | None]) -> bool:
+    for store, data in payloads.items():
+        if not _plain_name(store) or (data is not None and type(data) is not bytes):
+            return False
+    return True
 
 
 def freeze_payloads(payloads: Mapping[str, bytes | None]) -> Mapping[str, bytes | None]:

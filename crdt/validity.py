@@ -432,6 +432,7 @@ class _RoundOps(tuple[_Ref, ...]):
     mistaken for it (tuples take no weak references, hence an attribute, not a WeakKeyDictionary)."""
 
     _full: KeyState | None
+    _verdicts: dict[str, Verdict]
 
 
 _KeyRound = tuple[_RoundOps, tuple[_Removal, ...]]
@@ -475,17 +476,35 @@ def _full_state(ops: _RoundOps) -> KeyState | None:
         return ops._full
 
 
+def _full_verdict(ops: _RoundOps, needs: str) -> Verdict:
+    """_data_verdict(_full_state(ops), needs), computed once per round's ops and level (a
+    Verdict is immutable: every entry judged by the same state shares it)."""
+    try:
+        memo = ops._verdicts
+    except AttributeError:
+        memo = ops._verdicts = {}
+    verdict = memo.get(needs)
+    if verdict is None:
+        verdict = memo[needs] = _data_verdict(_full_state(ops), needs)
+    return verdict
+
+
 def _judge_data(x: Event, timeline: Sequence[_KeyRound] | None) -> tuple[Verdict, KeyState | None]:
     """A data-only event's verdict, round by round, exactly as the full rounds decide it."""
     if not timeline:
         return Verdict(False, UNKNOWN_KEY), None
     last = len(timeline) - 1
+    vv, xid = x.vv, x.id
     for i, (ops, removals) in enumerate(timeline):
-        past = [r for r in ops if in_past(r[0], x)]
+        past = [r for r in ops if r[0].id != xid and vv.get(r[0].author, -1) >= r[0].seq]  # in_past(r[0], x)
         # The common case: the entry has seen every operation on its author, so its key state
-        # is the round's full state, computed once per round rather than once per entry.
-        st = _full_state(ops) if len(past) == len(ops) else _key_state(past)
-        v = _data_verdict(st, x.needs)
+        # (and the verdict it gives) is the round's full state, computed once per round rather
+        # than once per entry.
+        if len(past) == len(ops):
+            st, v = _full_state(ops), _full_verdict(ops, x.needs)
+        else:
+            st = _key_state(past)
+            v = _data_verdict(st, x.needs)
         if v.accepted:
             for it in removals:
                 if not holds(it.new, x.needs) and concurrent(it.entry, x):
@@ -516,6 +535,7 @@ class Evaluator:
         self._timelines: dict[str, list[_KeyRound]] = {}
         self._sigs: dict[str, _Signature] = {}
         self.full_evaluations = 0  # how many times the rounds were re-run (observability, tests)
+        self._never_memo: dict[tuple[str, str, int], tuple[str, str] | None] = {}  # see never_valid
 
     # --------------------------------------------------------------------------- feeding
     def add(self, event: Event) -> dict[str, Verdict]:
@@ -630,9 +650,22 @@ class Evaluator:
         if event.is_root:
             problem = root_problem(event)
             return (BAD_ROOT, problem) if problem else None
-        refs = [r for r in self._all_ops.get(event.author, ()) if in_past(r[0], event)]
+        known = self._all_ops.get(event.author, ())
+        refs = [r for r in known if in_past(r[0], event)]
         if not refs:
             return (UNKNOWN_KEY, f"no grant to {event.author} in the entry's causal past")
+        if not event.ops and len(refs) == len(known):
+            # A data entry that has seen every operation on its author (the common case) is
+            # judged by that list alone, which only grows: one answer per author, level and
+            # length of the list, rather than one per entry.
+            memo_key = (event.author, event.needs, len(known))
+            if memo_key not in self._never_memo:
+                self._never_memo[memo_key] = self._never_valid_by(event, refs)
+            return self._never_memo[memo_key]
+        return self._never_valid_by(event, refs)
+
+    def _never_valid_by(self, event: Event, refs: Sequence[_Ref]) -> tuple[str, str] | None:
+        """never_valid, given the operations on its author in its causal past (not empty)."""
         needed = ADMIN if event.ops else event.needs
         grants = [r[2].permission for r in refs if isinstance(r[2], GrantOp)]
         if not any(holds(p, needed) for p in grants):

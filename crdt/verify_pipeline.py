@@ -160,8 +160,7 @@ class AheadVerifier:
             else:
                 verdicts += [(i, got[slot.index] == 1) for i, slot in places]
                 self.from_worker += len(places)
-            for _ in places:
-                self._release(ticket)
+            self._release(ticket, len(places))
         if by_ticket:
             # Waiting on the worker means it had too much; finding its verdicts ready, too little.
             self.share = max(0.5, self.share - 0.05) if waited > 0.002 else min(1.0, self.share + 0.05)
@@ -174,8 +173,8 @@ class AheadVerifier:
         if self._done.pop(ticket, None) is None:
             self._worker.discard(ticket)
 
-    def _release(self, ticket: int) -> None:
-        left = self._open.get(ticket, 0) - 1
+    def _release(self, ticket: int, count: int = 1) -> None:
+        left = self._open.get(ticket, 0) - count
         if left > 0:
             self._open[ticket] = left
             return

@@ -10,13 +10,15 @@ the header signs, so they are the bytes that passed.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 
+from memmesh.crdt.entry import Entry
 from memmesh.crdt.errors import DamagedError, StorageError
 from memmesh.crdt.log_index import IndexedEntry, LogIndex
 from memmesh.crdt.open_marks import read_marks
-from memmesh.crdt.prefetch import prefetched
+from memmesh.crdt.prefetch import mapped_ahead, prefetched
 from memmesh.crdt.row_keys import ShownKeys
 from memmesh.crdt.storage import Storage, StoredEntry
 from memmesh.crdt.stored_check import Damage, check_stored
@@ -60,6 +62,13 @@ def unreadable(storage: Storage, db_id: str, exc: BaseException) -> DamagedError
     return DamagedError(f"{where(storage)}: database {short(db_id)} cannot be read ({one_line(exc)}); {REPAIR}")
 
 
+def _checked(s: StoredEntry, db_id: str) -> Entry | Damage:
+    try:
+        return check_stored(s, db_id)
+    except (TypeError, ValueError) as exc:  # a value of the wrong type where bytes were stored
+        return Damage(str(s.id), "entry.format", f"its stored values are unreadable ({exc})")
+
+
 def read_log(storage: Storage, db_id: str, index: LogIndex) -> ReadLog:
     """Index every stored entry; returns them with their rows' keys, in storage order.
 
@@ -72,14 +81,12 @@ def read_log(storage: Storage, db_id: str, index: LogIndex) -> ReadLog:
     dependent = 0  # intact entries that descend from a damaged one
     seen: set[str] = set()  # intact entries read so far
     lost: set[str] = set()  # entries that cannot be applied: damaged, or descending from one
-    stored: Generator[StoredEntry, None, None] | None = None  # closed on every way out: its thread stops
+    stored: Generator[Entry | Damage, None, None] | None = None  # closed on every way out: its threads stop
     try:
-        stored = prefetched(storage.entries(db_id))
-        for s in stored:
-            try:
-                checked = check_stored(s, db_id)
-            except (TypeError, ValueError) as exc:  # a value of the wrong type where bytes were stored
-                checked = Damage(str(s.id), "entry.format", f"its stored values are unreadable ({exc})")
+        # Reading on one thread, hashing on two (hashlib lets go of the GIL over large
+        # payloads): at a million memories, hashing every stored byte is most of an open.
+        stored = mapped_ahead(functools.partial(_checked, db_id=db_id), prefetched(storage.entries(db_id)))
+        for checked in stored:
             if isinstance(checked, Damage):
                 damaged.append(checked)
                 lost.add(checked.entry_id)

@@ -1,4 +1,5 @@
-"""Iterate a slow source on a second thread, a bounded distance ahead of its reader.
+"""Iterate a slow source on a second thread, a bounded distance ahead of its reader; map a
+function over items on worker threads, in order, a bounded distance ahead.
 
 Opening a database reads every stored payload (SQLite copies it out of the file) and hashes
 it; both release the GIL for most of their work, so reading the next page while this one is
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Generator, Iterable
+from collections import deque
+from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar, cast
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 _DONE = object()
 _POLL_S = 0.1  # how often a blocked producer looks whether its reader went away
@@ -63,3 +67,27 @@ class _Raised:
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+
+
+def mapped_ahead(fn: Callable[[T], U], items: Iterable[T], *, workers: int = 2,
+                 depth: int = 32) -> Generator[U, None, None]:
+    """``fn(item)`` for each item, in order, computed by ``workers`` threads at most ``depth``
+    items ahead of the reader (for work that lets go of the GIL: hashing large payloads). An
+    exception ``fn`` raises is raised to the reader at its item. Close it (or read it to the
+    end) to stop the threads."""
+    pending: deque[Future[U]] = deque()
+    it = iter(items)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memmesh-ahead") as pool:
+        try:
+            for item in it:
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= depth:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+            close = getattr(it, "close", None)
+            if close is not None:  # a generator source (prefetched) stops its own thread
+                close()

@@ -21,7 +21,7 @@ from memmesh.crdt.database import Database
 from memmesh.crdt.entry import client_id_for
 from memmesh.crdt.errors import DamagedError
 from memmesh.crdt.open_marks import CHECKS_VERSION, decode_mark, encode_mark, namespace, read_marks
-from memmesh.crdt.prefetch import prefetched
+from memmesh.crdt.prefetch import mapped_ahead, prefetched
 from memmesh.crdt.row_keys import KeyRange, LiveKeys, as_point
 from memmesh.crdt.storage import MemoryStorage, Storage
 from memmesh.crdt.yjs import Row, encode_rows
@@ -220,3 +220,34 @@ def test_a_reader_that_stops_early_stops_the_worker() -> None:
     assert [next(it) for _ in range(10)] == list(range(10))
     it.close()
     assert not prefetch_threads()
+
+
+def ahead_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("memmesh-ahead")]
+
+
+def test_mapped_ahead_yields_in_order_raises_at_its_item_and_stops_its_threads() -> None:
+    assert list(mapped_ahead(lambda x: x * x, range(500), workers=3, depth=7)) == [x * x for x in range(500)]
+
+    def square_unless_13(x: int) -> int:
+        if x == 13:
+            raise ValueError("thirteen")
+        return x * x
+
+    seen: list[int] = []
+    with pytest.raises(ValueError, match="thirteen"):
+        for y in mapped_ahead(square_unless_13, range(100), depth=4):
+            seen.append(y)
+    assert seen == [x * x for x in range(13)]
+    assert not ahead_threads()
+
+    def endless() -> Iterator[int]:
+        n = 0
+        while True:
+            yield n
+            n += 1
+
+    it = mapped_ahead(str, prefetched(endless(), depth=4), depth=5)  # as opening reads the log
+    assert [next(it) for _ in range(10)] == [str(n) for n in range(10)]
+    it.close()
+    assert not ahead_threads() and not prefetch_threads()

@@ -25,9 +25,9 @@ def run_command(home: Path, name: str, params: dict[str, Any], events: EventSink
                 runners: Mapping[str, Runner] | None = None) -> Result:
     """Run command ``name`` for ``home``: through serve when it runs there, else in this
     process (the command's ``runs`` policy says whether it may go through serve at all)."""
-    from memmesh.node.commands import REGISTRY
+    from memmesh.node.commands import load_command
 
-    cmd = REGISTRY.get(name)
+    cmd = load_command(name).get(name)  # this command's handler module, not every one
     if cmd.runs == EITHER and not cmd.standalone:
         client = remote(home)  # answers now, or None: nothing waits before the parameters are checked
         if client is not None:
@@ -56,7 +56,7 @@ def _send(client: ControlClient, name: str, params: dict[str, Any], events: Even
 def _run_here(home: Path, cmd: Command, parsed: Any, handler: Runner, events: EventSink | None) -> Result:
     """The command on the home opened in this process for it (library.run_in_home's steps, on
     parameters parsed already)."""
-    from memmesh.node.commands import REGISTRY
+    from memmesh.node.commands.registry import REGISTRY
     from memmesh.node.library import Node
 
     if cmd.opens_itself:  # a command for a home the normal open may refuse (check)

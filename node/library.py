@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from memmesh.node.commands import REGISTRY, EventSink, Result
+from memmesh.node.commands import EventSink, Result
 from memmesh.node.core_node import CoreNode
 from memmesh.node.memory.embedders import Embedder, EmbedderConfig, default_provider, make_embedder
 from memmesh.node.memory.open_views import budget_bytes
@@ -123,6 +123,9 @@ class Node(Calls, CoreNode):
     # ------------------------------------------------------------------ commands
     def run(self, name: str, params: dict[str, Any], events: EventSink | None = None) -> Result:
         """Run any command by name with JSON-compatible parameters (see node.commands)."""
+        # Here, not at the top: the CLI opens a Node for one command, whose module alone it imports.
+        from memmesh.node.commands import REGISTRY
+
         return REGISTRY.run(self, name, params, events=events)
 
 
@@ -149,6 +152,8 @@ def run_in_home(home: Path | str, name: str, params: dict[str, Any], events: Eve
     Parameters are checked before the home is opened, so a refused command touches nothing.
     Only a command that creates the node (init) may find the home empty.
     """
+    from memmesh.node.commands import REGISTRY
+
     cmd = REGISTRY.get(name)
     cmd.parse(params)
     if cmd.opens_itself:  # a command for a home the normal open may refuse (check)

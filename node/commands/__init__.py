@@ -12,7 +12,9 @@ through the same ``REGISTRY.run``.
 The handler modules are imported on first use of ``REGISTRY`` (or of a command function), not
 when this package is: they import pydantic, numpy and the node, and a light module of this
 package (the CLI's description, node/commands/cli_table.py) must be importable without them,
-so that `memmesh --help` and a command sent to a running serve answer at once.
+so that `memmesh --help` and a command sent to a running serve answer at once. A process that
+runs one command imports only that command's module (:func:`load_command`); the registry
+imports the others when a reader needs them all.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ HANDLER_MODULES = (
 )
 
 __all__ = ["HANDLER_MODULES", "REGISTRY", "Command", "EventSink", "Params", "ParamsError", "Result",
-           "UnknownCommand", "json_text", "load", "progress_sink"]
+           "UnknownCommand", "json_text", "load", "load_command", "progress_sink"]
 
 # Names of this package that live in a submodule, imported when first asked for.
 _NAMES = {
@@ -52,6 +54,19 @@ def load() -> Registry:
         importlib.import_module(f"{__name__}.{name}")
     from memmesh.node.commands.registry import REGISTRY as registry
 
+    return registry
+
+
+def load_command(name: str) -> Registry:
+    """The registry with command ``name`` registered: the handler module the CLI's description
+    names for it imported, not every module. The registry imports the rest when a lookup misses
+    (a name the description does not know, or a description older than the models)."""
+    from memmesh.node.commands.cli_table import TABLE
+    from memmesh.node.commands.registry import REGISTRY as registry
+
+    module = next((c.get("module") for c in TABLE["commands"] if c["name"] == name), None)
+    if module is not None:
+        importlib.import_module(module)
     return registry
 
 

@@ -70,6 +70,8 @@ def describe_command(cmd: Command) -> dict[str, Any]:
     out: dict[str, Any] = {"name": cmd.name, "help": cmd.help, "runs": cmd.runs}
     if cmd.standalone:
         out["standalone"] = True
+    # The module that registers it: a process running this one command imports only that.
+    out["module"] = _module(cmd)
     out["fields"] = [describe_field(name, field) for name, field in cmd.params.model_fields.items()]
     return out
 
@@ -82,10 +84,13 @@ def in_help_order(registry: Registry) -> list[Command]:
 
     rank = {f"memmesh.node.commands.{name}": i for i, name in enumerate(HANDLER_MODULES)}
     listed = list(registry)
-    def module(c: Command) -> str:  # a declared transport has no handler; its model lives with it
-        return c.handler.__module__ if c.handler is not None else c.params.__module__
+    return sorted(listed, key=lambda c: (rank.get(_module(c), len(rank)), listed.index(c)))
 
-    return sorted(listed, key=lambda c: (rank.get(module(c), len(rank)), listed.index(c)))
+
+def _module(cmd: Command) -> str:
+    """The module that registers ``cmd``: its handler's (a declared transport has no handler;
+    its model lives with it)."""
+    return cmd.handler.__module__ if cmd.handler is not None else cmd.params.__module__
 
 
 def describe(registry: Registry) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,9 +129,14 @@ class Command:
 
 
 class Registry:
-    def __init__(self) -> None:
+    def __init__(self, complete: Callable[[], object] | None = None) -> None:
         self._commands: dict[str, Command] = {}
         self._groups: dict[str, str] = {}
+        # REGISTRY's: registers every command (imports each handler module). A process that runs
+        # one command imports only that command's module (node/commands' ``load_command``); a
+        # reader that needs them all (a lookup that misses, a listing) has them completed first.
+        self._complete = complete
+        self._completing = threading.RLock()  # threads (mcp's) that miss wait for the one completing
 
     # ------------------------------------------------------------------ declaring
     def command(self, name: str, params: type[Params], help: str, **policy: Any) -> Callable[[Handler], Handler]:
@@ -176,19 +182,34 @@ class Registry:
         self._groups[name] = help
 
     # ------------------------------------------------------------------ reading
+    def _every(self) -> dict[str, Command]:
+        """The commands, every one registered (the completion runs once)."""
+        if self._complete is None:
+            return self._commands
+        with self._completing:
+            complete, self._complete = self._complete, None
+            if complete is not None:
+                try:
+                    complete()
+                except BaseException:
+                    self._complete = complete
+                    raise
+        return self._commands
+
     def get(self, name: str) -> Command:
-        cmd = self._commands.get(name)
+        cmd = self._commands.get(name) or self._every().get(name)
         if cmd is None:
             raise UnknownCommand(f"unknown command {name!r}; commands: {', '.join(self._commands)}")
         return cmd
 
     def __iter__(self) -> Iterator[Command]:
-        return iter(self._commands.values())
+        return iter(self._every().values())
 
     def names(self) -> list[str]:
-        return list(self._commands)
+        return list(self._every())
 
     def group_help(self, name: str) -> str:
+        self._every()
         help = self._groups.get(name, "")
         if "{actions}" in help:
             depth = name.count(".") + 1
@@ -242,5 +263,11 @@ def progress_sink(callback: Callable[[int, int], None]) -> EventSink:
     return sink
 
 
-REGISTRY = Registry()
+def _register_every_command() -> None:
+    from memmesh.node.commands import load
+
+    load()
+
+
+REGISTRY = Registry(complete=_register_every_command)
 command = REGISTRY.command

@@ -34,8 +34,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from memmesh.auth.errors import MemmeshError
 from memmesh.auth.keys import DOMAIN_TICKET_REDEEM, PublicKey, SigningKey, verify
 from memmesh.auth.ops import GrantOp, RevokeOp
@@ -46,7 +44,6 @@ from memmesh.crdt.storage import MemoryStorage
 from memmesh.node.memory.agents import WRITE_PRIORITY
 from memmesh.node.registry import BankRecord, NameTaken, check_name
 from memmesh.node.sync import messages as m
-from memmesh.node.sync.http import HttpTransport, call, run_exchange
 from memmesh.node.sync.protocol import Client, Exchange, SyncError
 from memmesh.node.sync.state import Invite
 from memmesh.node.worker import Runner
@@ -317,6 +314,12 @@ async def import_ticket(node: Node, text: str, perm: str, name: str | None, run:
     failed import leaves nothing on this node. ``clock``: seconds since the epoch, what the
     ticket's expiry is checked against.
     """
+    # Imported here, not with the module: whatever loads the sync commands imports this module,
+    # and only an import reaches a peer; aiohttp (with its TLS contexts) costs ~0.2 s to import.
+    import aiohttp
+
+    from memmesh.node.sync.http import HttpTransport, call, run_exchange
+
     ticket, name = await run(lambda: _check_import(node, text, perm, name, clock))
     client = Client(node.peer_key)
     errors = []

@@ -14,16 +14,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class Answer(BaseModel):
     """An object whose keys are all known: a key the model does not name is an answer that
-    changed without its schema, and the check says so."""
+    changed without its schema, and the check says so.
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    Built when first used (``defer_build``): a process checks or publishes the answers of a few
+    commands, and building every model at import would cost it more than running them."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, defer_build=True)
 
 
 class OpenAnswer(BaseModel):
     """An object with these keys and possibly more (a structure owned by a lower layer that may
-    grow, such as a sync exchange's statistics)."""
+    grow, such as a sync exchange's statistics). Built when first used, as :class:`Answer`."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
 
 def _no_default(schema: dict[str, Any]) -> None:

@@ -12,6 +12,11 @@ One run writes every figure of the issue, with the machine, the date and the loa
   (freed heap handed back first, both times).
 * ``top10_agreement_vs_exact``: the quantised first pass against exact float32 hybrid ranking
   (bench/scale_vectors.py), at each size.
+* ``top10_agreement_vs_exact_local_100k`` (fused), ``top10_cosine_agreement_local_100k``,
+  ``vector_search_ms_p50/p99_local_100k`` and ``exact_vector_search_ms_p50/p99_local_100k``: the
+  same check with the local model's dense vectors (``scale_vectors.measure_local``; cached in
+  ``--work``, else in a temporary directory kept between runs; skipped, and said so, when the
+  ``embed`` extra is not installed; ``--quick``: 2k memories, cut not deepened).
 * ``serve_first_command_s_1000_banks``: ``memmesh serve`` over 1,000 banks of 1k memories
   each, from its start to its first answered command (bench/scale_banks.py).
 * ``remote_apply_per_verify``: received entries accepted per second over one core's raw
@@ -252,8 +257,22 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{label(n)}: quantised first pass against exact float32")
             report["vectors"][label(n)] = scale_vectors.measure(n, 200 if args.quick else QUERIES, SEED)
         flat["top10_agreement_vs_exact"] = min(a["hybrid_top10_agreement"] for a in report["vectors"].values())
+
+    def vectors_local() -> None:
+        import scale_vectors
+
+        n = 2_000 if args.quick else 100_000  # the local model embeds about 50-150 texts/s
+        log(f"{label(n)}: the local model's (dense) vectors, quantised first pass against exact")
+        out = scale_vectors.measure_local(n, 200 if args.quick else QUERIES, SEED, cache=args.work,
+                                          sweep=not args.quick)
+        report["vectors_local"] = out
+        if "skipped" in out:
+            log(f"local model check skipped: {out['skipped']}")
+            return
+        flat.update({f"{k}_local_{label(n)}": v for k, v in scale_vectors.local_headline(out).items()})
     if "vectors" in parts:
         section("vectors", vectors)
+        section("vectors (local model)", vectors_local)
 
     def many_banks() -> None:
         import scale_banks

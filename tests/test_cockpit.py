@@ -508,8 +508,16 @@ def confirm(page: Page, fields: dict[str, str] | None = None) -> str:
             page.select_option(selector, value)
         else:
             page.fill(selector, value)
+    question = """() => {
+        const d = document.querySelector("[data-testid=confirm]");
+        return d.open ? d.querySelector("#confirm-title").textContent + "\\n"
+            + d.querySelector("[data-testid=confirm-text]").textContent : null;
+    }"""
+    asked = page.evaluate(question)
     page.click("[data-testid=confirm-ok]")
-    page.wait_for_selector("[data-testid=confirm]:not([open])", state="attached")
+    # Answered: closed, or already asking the next question (a preview's dialog follows at once;
+    # waiting for "closed" alone can miss the moment between the two).
+    page.wait_for_function(f"(asked) => ({question})() !== asked", arg=asked)
     return text
 
 

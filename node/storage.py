@@ -256,18 +256,19 @@ class SqliteStorage(PendingArea, DamagedArea, FileChecks, LocalRecords, Storage)
                     "INSERT INTO entries (db, id, header) VALUES (?, ?, ?) ON CONFLICT (db, id) DO NOTHING",
                     rows(),
                 )
-                # Only rows inserted by this transaction have seq > before; entries that were
-                # already stored keep their payloads (an erased payload is never resurrected).
+                # Only rows inserted by this transaction have seq > before (one range read, not a
+                # lookup per payload); entries that were already stored keep their payloads (an
+                # erased payload is never resurrected).
+                inserted = dict(cur.execute("SELECT id, seq FROM entries WHERE seq > ?", (before,)).fetchall())
                 cur.executemany(
-                    "INSERT INTO payloads (entry, store, data) "
-                    "SELECT seq, ?, ? FROM entries WHERE db = ? AND id = ? AND seq > ?",
+                    "INSERT INTO payloads (entry, store, data) VALUES (?, ?, ?)",
                     (
-                        (store, data, db, entry.id, before)
-                        for entry in batch
+                        (inserted[entry.id], store, data)
+                        for entry in batch if entry.id in inserted
                         for store, data in entry.payloads.items()
                     ),
                 )
-                new = cur.execute("SELECT count(*) FROM entries WHERE seq > ?", (before,)).fetchone()[0]
+                new = len(inserted)
                 if drop:
                     cur.executemany(
                         "DELETE FROM pending WHERE db = ? AND id = ?", ((db, entry_id) for entry_id in drop)

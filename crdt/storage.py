@@ -87,6 +87,7 @@ __all__ = [
     "check_millis",
     "check_name",
     "check_entry",
+    "check_entry_fields",
     "check_pending",
     "freeze_payloads",
     "pending_full_error",
@@ -200,6 +201,11 @@ def check_entry(entry: object) -> StoredEntry:
             type(entry.payloads) in _PLAIN_MAPPINGS and _plain_payloads(entry.payloads):
         # What the pipeline stores: every check below holds, decided without naming each field.
         return StoredEntry(entry.id, entry.header, freeze_payloads(entry.payloads))
+    return check_entry_fields(entry)
+
+
+def check_entry_fields(entry: object) -> StoredEntry:
+    """:func:`check_entry` deciding field by field (what its shortcut must agree with)."""
     if not isinstance(entry, StoredEntry):
         raise TypeError(f"expected a StoredEntry, not {type(entry).__name__}")
     entry_id = check_name(entry.id, "entry id")

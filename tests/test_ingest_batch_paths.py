@@ -10,7 +10,6 @@ and the field-by-field check.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -36,7 +35,7 @@ from memmesh.crdt.open_marks import (
     write_marks,
 )
 from memmesh.crdt.row_keys import canonical
-from memmesh.crdt.storage import MemoryStorage, StoredEntry, check_bytes, check_entry, check_name, freeze_payloads
+from memmesh.crdt.storage import MemoryStorage, StoredEntry, check_entry, check_entry_fields
 from memmesh.crdt.validity import Evaluator, Event, in_past, root_problem
 from memmesh.crdt.yjs import decode_append_update, encode_rows
 from memmesh.node.storage import SqliteStorage
@@ -186,21 +185,6 @@ def test_marks_of_one_entry_in_both_forms_add_up_and_a_bad_batch_adds_nothing() 
 
 
 # ------------------------------------------------------------------- storage's entry check
-def _check_entry_by_fields(entry: object) -> StoredEntry:
-    """check_entry as it decides field by field (the reference for its shortcut)."""
-    if not isinstance(entry, StoredEntry):
-        raise TypeError(f"expected a StoredEntry, not {type(entry).__name__}")
-    entry_id = check_name(entry.id, "entry id")
-    header = check_bytes(entry.header, f"header of {entry_id}")
-    if not isinstance(entry.payloads, Mapping):
-        raise TypeError(f"payloads of {entry_id} must be a mapping, not {type(entry.payloads).__name__}")
-    payloads: dict[str, bytes | None] = {}
-    for store, data in entry.payloads.items():
-        check_name(store, f"store name in {entry_id}")
-        payloads[store] = None if data is None else check_bytes(data, f"payload {store!r} of {entry_id}")
-    return StoredEntry(entry_id, header, freeze_payloads(payloads))
-
-
 names = st.one_of(st.text(max_size=8), st.sampled_from(["memory", "_settings", "a\x00b", "é", "\ud800", ""]),
                   st.integers(0, 3), st.binary(max_size=3))
 datas = st.one_of(st.none(), st.binary(max_size=4), st.binary(max_size=4).map(bytearray),
@@ -221,7 +205,7 @@ def _outcome(f: Any, entry: Any) -> Any:
                           st.dictionaries(names, datas, max_size=3).map(MappingProxyType)))
 def test_the_entry_check_decides_as_field_by_field(entry_id: Any, header: Any, payloads: Any) -> None:
     entry = StoredEntry(entry_id, header, payloads)
-    assert _outcome(check_entry, entry) == _outcome(_check_entry_by_fields, entry)
+    assert _outcome(check_entry, entry) == _outcome(check_entry_fields, entry)
 
 
 # ------------------------------------------------------------------ authorisation, remembered

@@ -11,8 +11,9 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import islice
 from typing import TypeVar, cast
 
 T = TypeVar("T")
@@ -69,25 +70,43 @@ class _Raised:
         self.exc = exc
 
 
-def mapped_ahead(fn: Callable[[T], U], items: Iterable[T], *, workers: int = 2,
-                 depth: int = 32) -> Generator[U, None, None]:
-    """``fn(item)`` for each item, in order, computed by ``workers`` threads at most ``depth``
-    items ahead of the reader (for work that lets go of the GIL: hashing large payloads). An
-    exception ``fn`` raises is raised to the reader at its item. Close it (or read it to the
-    end) to stop the threads."""
-    pending: deque[Future[U]] = deque()
+def mapped_ahead(fn: Callable[[T], U], items: Iterable[T], *, workers: int = 2, depth: int = 8,
+                 chunk: int = 64) -> Generator[U, None, None]:
+    """``fn(item)`` for each item, in order, computed by ``workers`` threads on chunks of
+    ``chunk`` items (a future per item would cost more than hashing a small entry), at most
+    ``depth`` chunks ahead of the reader (for work that lets go of the GIL: hashing large
+    payloads). An exception ``fn`` raises is raised to the reader at its item. Close it (or read
+    it to the end) to stop the threads."""
+
+    def run(batch: list[T]) -> tuple[list[U], BaseException | None]:
+        done: list[U] = []
+        try:
+            for item in batch:
+                done.append(fn(item))  # noqa: PERF401 (what came before an error is kept)
+        except Exception as exc:  # the reader raises it after the items before it
+            return done, exc
+        return done, None
+
+    pending: deque[Future[tuple[list[U], BaseException | None]]] = deque()
     it = iter(items)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memmesh-ahead") as pool:
         try:
-            for item in it:
-                pending.append(pool.submit(fn, item))
-                if len(pending) >= depth:
-                    yield pending.popleft().result()
+            while batch := list(islice(it, chunk)):
+                pending.append(pool.submit(run, batch))
+                while len(pending) >= depth or (pending and pending[0].done()):
+                    yield from _unpacked(pending.popleft())
             while pending:
-                yield pending.popleft().result()
+                yield from _unpacked(pending.popleft())
         finally:
             for f in pending:
                 f.cancel()
             close = getattr(it, "close", None)
             if close is not None:  # a generator source (prefetched) stops its own thread
                 close()
+
+
+def _unpacked(future: Future[tuple[list[U], BaseException | None]]) -> Iterator[U]:
+    done, exc = future.result()
+    yield from done
+    if exc is not None:
+        raise exc

@@ -227,7 +227,9 @@ def ahead_threads() -> list[threading.Thread]:
 
 
 def test_mapped_ahead_yields_in_order_raises_at_its_item_and_stops_its_threads() -> None:
-    assert list(mapped_ahead(lambda x: x * x, range(500), workers=3, depth=7)) == [x * x for x in range(500)]
+    for chunk in (1, 3, 64):
+        assert list(mapped_ahead(lambda x: x * x, range(500), workers=3, depth=7, chunk=chunk)) == [
+            x * x for x in range(500)]
 
     def square_unless_13(x: int) -> int:
         if x == 13:
@@ -236,7 +238,7 @@ def test_mapped_ahead_yields_in_order_raises_at_its_item_and_stops_its_threads()
 
     seen: list[int] = []
     with pytest.raises(ValueError, match="thirteen"):
-        for y in mapped_ahead(square_unless_13, range(100), depth=4):
+        for y in mapped_ahead(square_unless_13, range(100), depth=4, chunk=5):  # 13 mid-chunk
             seen.append(y)
     assert seen == [x * x for x in range(13)]
     assert not ahead_threads()

@@ -105,7 +105,7 @@ def test_str_ids_answer_as_a_dict_pickled_or_not(ops, probes):
             assert ids.get(s) == model.get(s)
             assert (s in ids) == (s in model)
     assert list(ids) == list(model) and len(ids) == len(model)
-    assert all(ids.string(i) == s for s, i in model.items())
+    assert all(ids.strings[i] == s for s, i in model.items())
 
 
 def test_str_ids_refuse_a_string_numbered_twice():

@@ -96,4 +96,4 @@ class KeyTable:
         return self.currents
 
     def nbytes(self) -> int:
-        return self._current.nbytes + self._newest.nbytes
+        return self._current.nbytes + self._newest.nbytes + self.ids.nbytes()

@@ -26,11 +26,6 @@ class IntMultiMap:
         self._tail.setdefault(key, []).append(value)
         self._size += 1
 
-    def add_many(self, keys: list[int], values: list[int]) -> None:
-        for key, value in zip(keys, values):
-            self._tail.setdefault(key, []).append(value)
-        self._size += len(keys)
-
     def get(self, key: int) -> list[int]:
         lo = int(np.searchsorted(self._keys, key, side="left"))
         hi = int(np.searchsorted(self._keys, key, side="right"))

@@ -302,5 +302,6 @@ class RecallIndex:
     def nbytes(self) -> dict[str, int]:
         """Bytes of the numpy arrays, by part (Python objects not counted)."""
         return {"bm25": self.all_bm25.nbytes(), "columns": self.cols.nbytes(),
+                "rows": self.mem.nbytes() + self.row_doc.nbytes() + self.text_docs.nbytes(),
                 "vectors": sum(ix.nbytes() for ix in self.vectors.values()),
                 "old_vectors": sum(ix.nbytes() for ix in self.old_vectors.values())}

@@ -292,17 +292,21 @@ def _read(f: io.BufferedReader, db_id: str, store: str | None, dim: int | None) 
         raise SnapshotRejected("damaged (its checksum does not match its content)")
     rest = _Checksum(f.fileno(), header["stream_crc"], stream_end, size - 4, raw)
     rest.start()
+    state: Any = None
+    undecodable: Exception | None = None
     try:
         state = pickle.loads(whole[len(MAGIC):stream_end], buffers=[whole[a:b] for a, b in spans])
     except Exception as exc:  # its checksum matched: only a bug of the writer gets here
-        rest.join()
-        raise SnapshotRejected(f"cannot be decoded ({type(exc).__name__})") from None
+        undecodable = exc
     finally:
         rest.join()
+    # Damage is the reason whenever the file has it, whatever else went wrong.
     if rest.error is not None:
         raise SnapshotRejected(f"cannot be read ({rest.error})")
     if rest.crc != crc:
         raise SnapshotRejected("damaged (its checksum does not match its content)")
+    if undecodable is not None:
+        raise SnapshotRejected(f"cannot be decoded ({type(undecodable).__name__})")
     return state
 
 

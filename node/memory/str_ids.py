@@ -70,9 +70,6 @@ class StrIds:
         """The strings in id order."""
         return iter(self._strings)
 
-    def string(self, i: int) -> str:
-        return self._strings[i]
-
     @property
     def strings(self) -> list[str]:
         """id -> string (the list itself: read, never change it)."""
@@ -103,6 +100,10 @@ class StrIds:
         first = len(self._strings)
         d.update(zip(new, range(first, first + len(new))))
         self._strings.extend(new)
+
+    def nbytes(self) -> int:
+        """Bytes of the hash table (the strings themselves are Python objects)."""
+        return self._hashes.nbytes + self._ids.nbytes
 
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict[str, Any]:

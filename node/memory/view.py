@@ -501,14 +501,14 @@ class MemoryView(ViewFeed):
         """(rows, bytes of the arrays): what a memory budget counts, cheap enough for every use
         of the view (unlike :meth:`sizes`, it merges no pending timeline items)."""
         ix = self._current_index()
-        return ix.cols.n, sum(ix.nbytes().values()) + self._times.nbytes()
+        return ix.cols.n, sum(ix.nbytes().values()) + self._times.nbytes() + self._keys.nbytes()
 
     @locked
     def sizes(self) -> dict[str, int]:
         """Rows, current memories, timeline items and bytes of the arrays (for benchmarks)."""
         ix = self._current_index()
         return {"rows": ix.cols.n, "current": len(self._keys), "timeline_items": len(self._times),
-                **{f"{k}_bytes": v for k, v in ix.nbytes().items()}, "timeline_bytes": self._times.nbytes()}
+                **{f"{k}_bytes": v for k, v in ix.nbytes().items()}, "timeline_bytes": self._times.nbytes(), "keys_bytes": self._keys.nbytes()}
 
     @locked
     def __len__(self) -> int:

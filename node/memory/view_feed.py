@@ -153,9 +153,6 @@ class ViewFeed:
         self._qs: list[Quarantine] | None = None  # the bank's quarantines, read on need
         self._hidden: tuple[int, np.ndarray | None] | None = None  # (docs, mask) for self._qs
 
-    def _order_of(self, doc: int) -> Order:
-        return self._ix.mem.order(doc)
-
     def _seq(self, entry_id: str) -> int:
         entry = self._db.entry(entry_id)
         return -1 if entry is None else entry.seq

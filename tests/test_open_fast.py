@@ -253,3 +253,16 @@ def test_mapped_ahead_yields_in_order_raises_at_its_item_and_stops_its_threads()
     assert [next(it) for _ in range(10)] == [str(n) for n in range(10)]
     it.close()
     assert not ahead_threads() and not prefetch_threads()
+
+
+@pytest.mark.parametrize("few", [0, 10**9])  # every store read entry by entry / every one by a scan
+def test_rows_of_a_store_few_entries_hold_are_the_same_either_way(monkeypatch, few: int) -> None:
+    from memmesh.crdt import derived
+
+    db = new_db(ADMIN)
+    ids = [write(db, ADMIN, {"n": i}) for i in range(20)] + [write(db, ADMIN, {"q": i}, "quarantine") for i in range(2)]
+    db.erase(ADMIN, ids[3], "memory")
+    expected = {s: [(r.key, r.value, r.entry_id, r.order) for r in db.rows(s)] for s in ("memory", "quarantine", "none")}
+    monkeypatch.setattr(derived, "_FEW_ENTRIES", few)
+    assert {s: [(r.key, r.value, r.entry_id, r.order) for r in db.rows(s)] for s in expected} == expected
+    assert len(expected["memory"]) == 19 and len(expected["quarantine"]) == 2 and expected["none"] == []

@@ -13,25 +13,16 @@ from typing import Any
 import pycrdt
 
 from memmesh.auth.permissions import ADMIN, WRITE, Permission
-from memmesh.crdt.entry import StoreDescriptor
 from memmesh.crdt.log_index import DECODED_ON_OPEN, IndexedEntry, LogIndex
 from memmesh.crdt.open_marks import read_marks, write_marks
-from memmesh.crdt.records import META, RowRecord, RowsAdded, _apply_to
+from memmesh.crdt.records import META, RowRecord, RowsAdded, doc_update
 from memmesh.crdt.row_keys import KeyRange, LiveKeys, ShownKeys
 from memmesh.crdt.storage import Storage
 from memmesh.crdt.validity import AuthSettings, Evaluator, Event, Verdict
-from memmesh.crdt.yjs import Row, decode_append_update, encode_gc
+from memmesh.crdt.yjs import Row, decode_append_update
 
 # An entry applied by one ingest: its node, its decoded rows by store, the payloads stored.
 Applied = tuple[IndexedEntry, Mapping[str, tuple[Row, ...]], Mapping[str, bytes | None]]
-
-
-def _update_of(desc: StoreDescriptor, update: bytes | None, accepted: bool) -> bytes:
-    """What ``records._apply_to`` gives a store's document: the payload when its rows are shown,
-    otherwise a GC struct over its clocks (the author's later entries still integrate)."""
-    if accepted and update is not None:
-        return update
-    return encode_gc(desc.client, desc.clock, desc.clock_len)
 
 
 def event_of(node: IndexedEntry) -> Event:
@@ -214,7 +205,7 @@ class DerivedState:
             for store, desc in node.entry.stores.items():
                 self._small_rows.pop(store, None)
                 if store in self._docs:
-                    updates.setdefault(store, []).append(_update_of(desc, None, False))
+                    updates.setdefault(store, []).append(doc_update(desc, None, False))
         # Every payload stored by this ingest passed its checks: recorded, open skips them.
         fresh = self._index.take_fresh_marks([n.entry.id for n in gc_fill] + [n.entry.id for n, _r, _p in applied])
         write_marks(self._storage, self._db_id, fresh)
@@ -230,7 +221,7 @@ class DerivedState:
             shown = self._show_keys(node, keys)
             for store, desc in stores.items():
                 if store in self._docs:
-                    updates.setdefault(store, []).append(_update_of(desc, payloads.get(store), store in shown))
+                    updates.setdefault(store, []).append(doc_update(desc, payloads.get(store), store in shown))
             for store in shown:
                 by_store.setdefault(store, []).extend(self._records(store, node, rows[store]))
         for store, pending in updates.items():
@@ -324,7 +315,7 @@ class DerivedState:
             for stored in self._storage.entries(self._db_id, stores=[store]):
                 node = self._index.get(stored.id)
                 if node is not None and store in node.entry.stores:
-                    _apply_to(doc, store, node.entry.stores[store], stored.payloads.get(store),
-                              self.visible(node, store))
+                    doc.apply_update(doc_update(node.entry.stores[store], stored.payloads.get(store),
+                                                self.visible(node, store)))
             self._docs[store] = doc
         return doc

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import pycrdt
-
 from memmesh.auth.keys import SigningKey
 from memmesh.auth.ops import GrantOp, RevokeOp, parse_op
 from memmesh.auth.permissions import Permission
@@ -175,12 +173,12 @@ def _client(key: SigningKey) -> int:
     return client_id_for(key.public.raw)
 
 
-def _apply_to(doc: pycrdt.Doc[Any], store: str, desc: StoreDescriptor, update: bytes | None, accepted: bool) -> None:
+def doc_update(desc: StoreDescriptor, update: bytes | None, accepted: bool) -> bytes:
+    """What a store's document is given for an entry: its payload when its rows are shown,
+    otherwise a GC struct over its clocks (the author's later entries still integrate)."""
     if accepted and update is not None:
-        doc.apply_update(update)
-    else:
-        # Keep the author's clocks contiguous so its later entries still integrate.
-        doc.apply_update(encode_gc(desc.client, desc.clock, desc.clock_len))
+        return update
+    return encode_gc(desc.client, desc.clock, desc.clock_len)
 
 
 def _stored(entry: Entry) -> StoredEntry:

@@ -10,9 +10,10 @@ file, real pycrdt documents):
 * local_commit_entries_per_s  local writes: one memory row each, signed, validated, committed
 * remote_apply_entries_per_s  received entries validated, stored and applied (to the store's
                               pycrdt document and the row listeners), fed in batches of 500
-                              through Database.ingest_batches: the signatures of batch n+1 are
-                              checked (by the signature worker process) while batch n is applied,
-                              as the sync client does for the chunks of a pulled page
+                              through Database.ingest_batches: the signature worker process
+                              checks batch n+1 while batch n is applied, and the ingesting thread
+                              takes what the worker has not reached from the batch's end, as the
+                              sync client does for the chunks of a pulled page
 * remote_apply_per_verify     remote_apply_entries_per_s / ed25519_verify_per_s of the same run
 * remote_apply_thread_us_per_entry
                               CPU time of the ingesting thread per received entry (time.thread_time:
@@ -114,8 +115,8 @@ def bench_remote(tmp: Path, source: Database, batch: int) -> tuple[float, int, f
     cpu = time.thread_time() - cpu
     if len(db.rows("memory")) != len(rest):
         raise SystemExit("bench: not every entry was applied")
-    # The signatures the worker did not check were checked on this thread (its share follows
-    # who waits: crdt/verify_pipeline.py).
+    # The signatures the worker did not check were checked on this thread (taken from each
+    # batch's end: crdt/verify_process.py gather).
     here = 1 - db._ahead.from_worker / len(rest)
     return rate, len(rest), cpu / len(rest) * 1e6, here
 

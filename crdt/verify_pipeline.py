@@ -6,8 +6,10 @@ will be ingested next to the worker process (crdt/verify_process.py, crdt/verify
 returns at once. ``AheadVerifier.decode(items)`` is ``decode_many`` (the same results, in the
 same order, with the same reasons): it decodes every item here, takes the worker's verdict for
 an entry only when it was computed for exactly these header bytes and the author the full
-decode reads from them, checks the rest itself (a large batch nobody announced is split between
-the worker and this thread), and waits for nothing it does not need. Only the signature check
+decode reads from them, and checks the rest itself. What the worker has not reached yet this
+thread takes from the end of the batch (``gather`` in crdt/verify_process.py), so it never
+waits on the worker, and the worker, told where this thread took over, goes on to the next
+batch: the split between the two follows their speeds with no estimate to tune. Only the signature check
 is sent: the decode is needed here anyway, and shipping decoded entries back costs more CPU
 than it saves. Nothing here or in the worker touches a database: the caller decides, from these
 results, exactly as the serial path does.
@@ -15,16 +17,15 @@ results, exactly as the serial path does.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping, Sequence
 
-from memmesh.crdt import verifystats
 from memmesh.crdt.entry import Entry, decode_unverified
 from memmesh.crdt.errors import EntryRejected
 from memmesh.crdt.verify_process import (
     MIN_WORKER_BATCH,
     SignatureWorker,
     Triple,
+    gather,
     shared_worker,
     verify_here,
     verify_split,
@@ -73,11 +74,6 @@ class AheadVerifier:
         self._lock = threading.Lock()
         self._slots: dict[bytes, _Slot] = {}  # header -> where its result comes from
         self._open: dict[int, int] = {}  # ticket -> slots not yet resolved
-        self._done: dict[int, bytes] = {}  # verdicts of collected tickets with open slots
-        # The share of a batch announced ahead that goes to the worker: the rest is checked here
-        # when the batch is ingested. It follows who waits: this thread waiting on
-        # the worker lowers it, a worker that was done in time raises it.
-        self.share = 1.0
         self.from_worker = 0  # entries whose signature the worker checked
 
     def ahead(self, items: Sequence[Item]) -> None:
@@ -92,7 +88,7 @@ class AheadVerifier:
                     chosen.append((header, (author, header[1:-66], header[-64:])))
             while len(self._open) >= MAX_BATCHES:
                 self._drop(next(iter(self._open)))
-            take = min(MAX_AHEAD - len(self._slots), int(len(chosen) * self.share + 0.5))
+            take = min(MAX_AHEAD - len(self._slots), len(chosen))
             if take < MIN_WORKER_BATCH:
                 return
             ticket = self._worker.submit([t for _h, t in chosen[:take]])
@@ -119,8 +115,8 @@ class AheadVerifier:
                     if slot is not None:
                         self._release(slot.ticket)
             # What was not announced is checked here while the worker checks what was (this
-            # batch's share, or the next batch); only when the worker has nothing of ours is a
-            # batch split with it (sent behind the next batch, this one would wait for both).
+            # batch, or the next one); only when the worker has nothing of ours is a batch
+            # split with it.
             triples = [_triple(out[i]) for i in here]
             oks = verify_here(triples) if ahead or self._open else verify_split(triples, self._worker)
             verdicts = list(zip(here, oks)) + self._take_ahead(out, ahead)
@@ -133,45 +129,29 @@ class AheadVerifier:
         """Drop everything announced and not ingested."""
         with self._lock:
             for ticket in self._open:
-                if ticket not in self._done:
-                    self._worker.discard(ticket)
+                self._worker.release(ticket)
             self._slots.clear()
             self._open.clear()
-            self._done.clear()
 
     def _take_ahead(self, out: list[Entry | EntryRejected], ahead: list[tuple[int, _Slot]]) -> list[tuple[int, bool]]:
         by_ticket: dict[int, list[tuple[int, _Slot]]] = {}
         for i, slot in ahead:
             by_ticket.setdefault(slot.ticket, []).append((i, slot))
-        waited = 0.0
         verdicts: list[tuple[int, bool]] = []
-        for ticket, places in by_ticket.items():
-            got = self._done.get(ticket)
-            if got is None:
-                t0 = time.perf_counter()
-                reply = self._worker.collect(ticket)
-                waited += time.perf_counter() - t0
-                if reply is not None and len(reply[0]) > max(slot.index for _i, slot in places):
-                    got = reply[0]
-                    verifystats.VERIFIED.add(len(got), reply[1])
-                    self._done[ticket] = got
-            if got is None:  # the worker failed: checked here, as the serial path does
-                verdicts += zip((i for i, _ in places), verify_here([_triple(out[i]) for i, _ in places]))
-            else:
-                verdicts += [(i, got[slot.index] == 1) for i, slot in places]
-                self.from_worker += len(places)
+        for ticket, unsorted in by_ticket.items():
+            places = sorted(unsorted, key=lambda p: p[1].index)
+            oks, from_worker = gather(self._worker, ticket, [_triple(out[i]) for i, _ in places],
+                                      [slot.index for _i, slot in places])
+            verdicts += zip((i for i, _ in places), oks)
+            self.from_worker += from_worker
             self._release(ticket, len(places))
-        if by_ticket:
-            # Waiting on the worker means it had too much; finding its verdicts ready, too little.
-            self.share = max(0.5, self.share - 0.05) if waited > 0.002 else min(1.0, self.share + 0.05)
         return verdicts
 
     def _drop(self, ticket: int) -> None:
         for header in [h for h, slot in self._slots.items() if slot.ticket == ticket]:
             del self._slots[header]
         self._open.pop(ticket, None)
-        if self._done.pop(ticket, None) is None:
-            self._worker.discard(ticket)
+        self._worker.release(ticket)
 
     def _release(self, ticket: int, count: int = 1) -> None:
         left = self._open.get(ticket, 0) - count
@@ -179,5 +159,4 @@ class AheadVerifier:
             self._open[ticket] = left
             return
         self._open.pop(ticket, None)
-        if self._done.pop(ticket, None) is None:
-            self._worker.discard(ticket)
+        self._worker.release(ticket)

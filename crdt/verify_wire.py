@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import struct
 
-REQUEST = struct.Struct("<BII")
-REPLY = struct.Struct("<IdI")
+REQUEST = struct.Struct("<BII")  # kind, ticket, size of what follows
+REPLY = struct.Struct("<IIdBI")  # ticket, offset, seconds, final, count of verdicts that follow
 COUNT = struct.Struct("<I")
 RECORD = struct.Struct("<32s64sI")
-SIGNATURES = 0  # the one kind of request
+LIMIT = struct.Struct("<I")
+SIGNATURES = 0  # check these triples
+STOP = 1  # check no item of this ticket at or past this index
 
 
 def signatures_request(items: list[tuple[bytes, bytes, bytes]]) -> bytes:

@@ -191,7 +191,8 @@ def test_a_worker_that_dies_changes_no_verdict(tmp_path):
     worker._proc.kill()  # the worker dies with both batches owed
     worker._proc.wait()
     results += [rep.db.ingest(b, source="peer:x") for b in batches[1:]]
-    assert rep.db._ahead.from_worker == 0
+    # What it answered before dying may be used; the rest was checked here.
+    assert rep.db._ahead.from_worker < sum(len(b) for b in batches[1:])
     assert (_results(results), rep.state(), rep.events) == serial
     worker.shutdown()
 
@@ -226,7 +227,12 @@ def test_announced_batches_that_never_arrive_stay_bounded():
     ahead.forget()
     try:
         assert not ahead._slots and not ahead._open
-        assert not ahead._worker._replies
+        # Released tickets are dropped as their last answers arrive, and nothing else is kept.
+        deadline = time.monotonic() + 30
+        while ahead._worker._tickets and time.monotonic() < deadline:
+            with ahead._worker._lock:
+                ahead._worker._pump(0.05)
+        assert not ahead._worker._tickets
     finally:
         ahead._worker.shutdown()
 

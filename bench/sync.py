@@ -299,6 +299,38 @@ def serve_ms(log: str, since: int, op: str) -> tuple[int, float]:
     return len(found), sum(found)
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started, from any of its threads."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _import_cpu(a: Peer, b: Peer) -> dict[str, float]:
+    """CPU seconds so far of each process the import runs on (Linux /proc; empty elsewhere):
+    A's serve, B's serve, B's signature worker, and this process (the two byte-counting
+    proxies)."""
+    if not Path("/proc/self/stat").exists() or a.server is None or b.server is None:
+        return {}
+    out = {"a_serve": _cpu_s(a.server.proc.pid), "b_serve": _cpu_s(b.server.proc.pid),
+           "b_worker": sum(_cpu_s(c) for c in _children(b.server.proc.pid)),
+           "bench_proxies": sum(os.times()[:2])}
+    return out
+
+
 def bench_bootstrap_and_live(tmp: Path, n_entries: int, samples: int, n_verify: int, args) -> dict[str, Any]:
     home_a, home_b = tmp / "a", tmp / "b"
     t = time.perf_counter()
@@ -316,6 +348,7 @@ def bench_bootstrap_and_live(tmp: Path, n_entries: int, samples: int, n_verify: 
         log_at = len(a.log())
         a.proxy.reset_counts()
         b.proxy.reset_counts()
+        cpu0 = _import_cpu(a, b)
         t0 = time.perf_counter()
         try:
             imported = b.run("memory.import", {"ticket": ticket, "perm": "admin"}).data
@@ -327,6 +360,7 @@ def bench_bootstrap_and_live(tmp: Path, n_entries: int, samples: int, n_verify: 
             return {"bootstrap_error": f"{exc.__class__.__name__}: {exc}", "bootstrap_failed_after_s": round(took, 3),
                     "bootstrap_failed_wire_bytes": wire["bytes_up"] + wire["bytes_down"], "build_s": round(build_s, 2)}
         import_s = time.perf_counter() - t0
+        cpu = {k: round(v - cpu0[k], 2) for k, v in _import_cpu(a, b).items()}
         wire = a.proxy.counts()
         back = b.proxy.counts()  # A -> B during the import: should be nothing
         time.sleep(0.2)
@@ -335,6 +369,9 @@ def bench_bootstrap_and_live(tmp: Path, n_entries: int, samples: int, n_verify: 
         heads_after = b.db_status(db_id)["heads"]
         print(f"  import: {entries:,} entries in {import_s:.2f} s ({entries / import_s:,.0f}/s), "
               f"{wire['bytes_up'] + wire['bytes_down']:,} bytes through A's proxy", flush=True)
+        if cpu:
+            print("  CPU seconds during the import: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+                  + f" (of {2 * import_s:.2f} on two cores)", flush=True)
 
         # ---- live latency: a remember on A, until B returns it (the daemons only)
         b.run("agent.new", {"name": "beta"})
@@ -390,6 +427,7 @@ def bench_bootstrap_and_live(tmp: Path, n_entries: int, samples: int, n_verify: 
         "bootstrap_bytes_ratio": round(wire_total / ebytes, 4),
         "bootstrap_pull_requests": pulls,
         "bootstrap_pull_serve_ms": round(pull_ms, 1),
+        "bootstrap_cpu_s": cpu,
         "live_samples": len(lat_ms),
         "live_latency_ms_p50": round(pct(lat_ms, 50), 1),
         "live_latency_ms_p95": round(pct(lat_ms, 95), 1),

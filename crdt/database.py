@@ -55,10 +55,10 @@ from memmesh.crdt.entry import Entry, id_of, sign_entry
 from memmesh.crdt.erasure import ERASE, UNERASABLE, EraseOp
 from memmesh.crdt.errors import AuthError, MemmeshError, RejectedError, StorageError
 from memmesh.crdt.ingest import IngestPipeline, Received
-from memmesh.crdt.loading import UNREADABLE, read_log, unreadable
+from memmesh.crdt.loading import UNREADABLE, Loaded, read_log, unreadable
 from memmesh.crdt.log_index import IndexedEntry, LogIndex
 from memmesh.crdt.observers import Observers, OutcomeListener, RowListener, StoredListener
-from memmesh.crdt.open_marks import write_marks
+from memmesh.crdt.open_marks import read_marks, write_marks
 from memmesh.crdt.pending import PendingArea, PendingLimits
 from memmesh.crdt.records import (  # noqa: F401  (re-exported: the database's public records)
     MAX_UNACCEPTED_BYTES,
@@ -88,6 +88,10 @@ from memmesh.crdt.yjs import encode_rows
 
 log = logging.getLogger(__name__)
 
+# Entries read from storage at a time for a page sent to a peer: the first read, and the most.
+_PAGE_READ = 16
+_PAGE_READ_MAX = 512
+
 
 class Database:
     """One signed, append-only database, opened on a Storage."""
@@ -97,7 +101,11 @@ class Database:
     write_guard: Callable[[], None] | None = None
 
     def __init__(self, storage: Storage, db_id: str, *, pending_limits: PendingLimits | None = None,
-                 clock: Callable[[], int] | None = None) -> None:
+                 clock: Callable[[], int] | None = None, index: LogIndex | None = None,
+                 derived: DerivedState | None = None) -> None:
+        """An empty database over ``storage``, or (``index`` and ``derived``) one whose log
+        index and derived state were built over another storage holding the same entries
+        (``adopt``). ``open`` and ``create`` are the usual ways in."""
         self.storage = storage
         self.id = db_id
         self._observers = Observers()
@@ -105,7 +113,7 @@ class Database:
         self._refusals = RefusalLog(storage, db_id)
         self._pending = PendingArea(storage, db_id, pending_limits, self._clock)
         self._ahead = AheadVerifier()
-        self._reset()
+        self._reset(index, derived)
 
     # ----------------------------------------------------------------- creation and loading
     @classmethod
@@ -152,10 +160,48 @@ class Database:
         db._load()
         return db
 
-    def _reset(self) -> None:
-        """Fresh, empty derived objects: what the log is read into."""
-        self._log = LogIndex()
-        self._derived = DerivedState(self.storage, self.id, self._log, self._observers.emit)
+    @classmethod
+    def adopt(cls, storage: Storage, staged: Database, *, pending_limits: PendingLimits | None = None,
+              clock: Callable[[], int] | None = None) -> Database:
+        """The database ``staged`` checked, over ``storage``, which now holds exactly the entries
+        of ``staged.storage`` in the same order (a bank copied into memory, then appended here
+        in one transaction): what ``open`` would give, without reading and hashing the log back.
+
+        ``staged``'s log index and derived state (verdicts, erasure, the rows shown) are handed
+        over (the caller drops ``staged``): built entry by entry from what now is stored, they
+        are what ``open`` would derive again (validity is a function of the set of entries;
+        rows are shown in storage order, which is the order staged took them in); what staged
+        kept read from its storage (documents, small stores, meta) is read again from
+        ``storage`` when asked. Its checked marks (crdt/open_marks.py) are recorded in
+        ``storage``, as an open records those it made. Refusals and the pending area are
+        ``storage``'s own, as on open.
+        """
+        if not storage.has_database(staged.id):
+            raise MemmeshError(f"no database {staged.id} on this node")
+        if storage.count(staged.id) != len(staged):
+            raise MemmeshError(f"database {staged.id} holds {storage.count(staged.id)} entries here, "
+                               f"not the {len(staged)} it was checked with: open it instead")
+        with _gc_paused():
+            # The payloads staged checked, as checked: the same bytes (the same ids pin them),
+            # so a later open of ``storage`` does not decode them again either.
+            write_marks(storage, staged.id, read_marks(staged.storage, staged.id))
+            db = cls(storage, staged.id, pending_limits=pending_limits, clock=clock, index=staged._log,
+                     derived=staged._derived)
+            db._pipeline.recount()
+            try:
+                db._pipeline.load_pending()
+            except UNREADABLE as exc:
+                raise unreadable(storage, db.id, exc) from exc
+        return db
+
+    def _reset(self, index: LogIndex | None = None, derived: DerivedState | None = None) -> None:
+        """Fresh derived objects over ``index`` (or an empty one): what the log is read into;
+        or ``derived``'s state moved over to this storage (``adopt``)."""
+        self._log = index if index is not None else LogIndex()
+        if derived is not None:
+            self._derived = derived.moved_to(self.storage, self._log, self._observers.emit)
+        else:
+            self._derived = DerivedState(self.storage, self.id, self._log, self._observers.emit)
         self._pipeline = IngestPipeline(
             storage=self.storage, db_id=self.id, index=self._log, derived=self._derived, pending=self._pending,
             refusals=self._refusals, observers=self._observers, reload=self._load, ahead=self._ahead,
@@ -166,15 +212,20 @@ class Database:
         with _gc_paused():
             self._reset()
             read = read_log(self.storage, self.id, self._log)
-            self._derived.rebuild_verdicts()
-            self._derived.recompute_erasure()
-            self._pipeline.recount()
-            self._derived.show_loaded(read.order)
+            self._derive(read.order)
             write_marks(self.storage, self.id, read.new_marks)
             try:
                 self._pipeline.load_pending()
             except UNREADABLE as exc:
                 raise unreadable(self.storage, self.id, exc) from exc
+
+    def _derive(self, order: Loaded) -> None:
+        """Verdicts, erasure and tallies from the log index; the rows shown from ``order`` (the
+        entries as read, with their rows' keys)."""
+        self._derived.rebuild_verdicts()
+        self._derived.recompute_erasure()
+        self._pipeline.recount()
+        self._derived.show_loaded(order)
 
     # What tests and older callers read; the index owns them.
     @property
@@ -206,9 +257,9 @@ class Database:
         it = iter(batches)
         current = next(it, None)
         if current is not None:
-            # Half of the first batch goes to the worker ahead of the second, the other half is
-            # checked here meanwhile: both cores from the start.
-            self.verify_ahead(current[:len(current) // 2])
+            # The first batch to the worker too: it checks from its start while this thread
+            # takes it from its end (crdt/verify_process.py gather): both cores from the start.
+            self.verify_ahead(current)
         while current is not None:
             following = next(it, None)
             if following is not None:
@@ -311,19 +362,24 @@ class Database:
         out: list[tuple[bytes, dict[str, bytes | None]]] = []
         total = 0
         covered = 0
-        for entry_id in ids:
-            stored = self.storage.get(self.id, entry_id)
-            if stored is None:
-                raise StorageError(f"entry {entry_id} is indexed but not stored")
-            size = stored.size
-            if out and total + size > max_bytes:
-                break
-            covered += 1
-            payloads = self._intact_payloads(entry_id, stored)
-            if payloads is None:
-                continue
-            out.append((stored.header, payloads))
-            total += size
+        step = _PAGE_READ
+        while covered < len(ids):
+            # Read in slices (one storage round trip each), the first small: a page of a few
+            # large entries does not read hundreds it will not send.
+            part = ids[covered:covered + step]
+            step = min(4 * step, _PAGE_READ_MAX)
+            for entry_id, stored in zip(part, self.storage.get_many(self.id, part)):
+                if stored is None:
+                    raise StorageError(f"entry {entry_id} is indexed but not stored")
+                size = stored.size
+                if out and total + size > max_bytes:
+                    return out, covered
+                covered += 1
+                payloads = self._intact_payloads(entry_id, stored)
+                if payloads is None:
+                    continue
+                out.append((stored.header, payloads))
+                total += size
         return out, covered
 
     def _intact_payloads(self, entry_id: str, stored: StoredEntry) -> dict[str, bytes | None] | None:

@@ -13,6 +13,7 @@ from typing import Any
 import pycrdt
 
 from memmesh.auth.permissions import ADMIN, WRITE, Permission
+from memmesh.crdt.frozen import builder
 from memmesh.crdt.log_index import DECODED_ON_OPEN, IndexedEntry, LogIndex
 from memmesh.crdt.open_marks import read_marks, write_marks
 from memmesh.crdt.records import META, RowRecord, RowsAdded, doc_update
@@ -28,8 +29,14 @@ Applied = tuple[IndexedEntry, Mapping[str, tuple[Row, ...]], Mapping[str, bytes 
 def event_of(node: IndexedEntry) -> Event:
     """The entry as the validity rule sees it."""
     needs = ADMIN if node.erases and any(op.author != node.author_key for op in node.erases) else WRITE
-    return Event(node.entry.id, node.author_key, node.entry.seq, node.height, node.vv, node.ops,
-                 node.entry.is_root, needs)
+    entry = node.entry
+    return _event(entry.id, node.author_key, entry.seq, node.height, node.vv, node.ops, entry.db is None, needs)
+
+
+# One of each per entry received (crdt/frozen.py).
+_event = builder(Event)
+_record = builder(RowRecord)
+_key_range = builder(KeyRange)
 
 _FEW_ENTRIES = 8  # rows(store) reads a store held by under an eighth of the entries entry by entry
 
@@ -51,6 +58,22 @@ class DerivedState:
         self._erased: set[tuple[str, str, str]] = set()  # (entry, store, author) of accepted erases
         self._live: dict[str, LiveKeys] | None = {}  # store -> row keys shown; None: recompute
         self._hidden: set[tuple[str, str]] = set()  # (entry, store): rows repeat keys already shown
+
+    def moved_to(self, storage: Storage, index: LogIndex, emit: Callable[[RowsAdded], None]) -> DerivedState:
+        """This state over ``storage``, which now holds exactly the entries it was derived from
+        (a database checked over one storage, then stored in another: Database.adopt); ``index``
+        is this state's index, handed over with it. Verdicts, erasure and the rows shown move;
+        what was read from the old storage (documents, small stores, meta) is read again from
+        the new one when asked. This object is not used afterwards."""
+        if index is not self._index:
+            raise ValueError("a derived state moves with its own log index")
+        moved = DerivedState(storage, self._db_id, index, emit)
+        moved._evaluator = self._evaluator
+        moved._settings_cache = self._settings_cache
+        moved._erased = self._erased
+        moved._live = self._live
+        moved._hidden = self._hidden
+        return moved
 
     # ----------------------------------------------------------------------- verdicts
     def rebuild_verdicts(self) -> None:
@@ -146,8 +169,9 @@ class DerivedState:
         if not self.applies(node):
             return shown
         stores = node.entry.stores
+        absent = self._index.absent(node.entry.id)
         for store, keys in rows.items():
-            if store in self._index.absent(node.entry.id):
+            if store in absent:
                 continue
             live = self._live.get(store)
             if live is None:
@@ -216,7 +240,7 @@ class DerivedState:
             # by its key range, as open shows it: the same keys, compared without a string each.
             marked = fresh.get(node.entry.id)
             keys: Mapping[str, ShownKeys] = rows if not marked else {
-                s: (KeyRange(stores[s].client, stores[s].clock, stores[s].clock_len) if s in marked else r)
+                s: (_key_range(stores[s].client, stores[s].clock, stores[s].clock_len) if s in marked else r)
                 for s, r in rows.items()}
             shown = self._show_keys(node, keys)
             for store, desc in stores.items():
@@ -239,7 +263,8 @@ class DerivedState:
 
     def _records(self, store: str, node: IndexedEntry, rows: Sequence[Row]) -> list[RowRecord]:
         e = node.entry
-        return [RowRecord(store, r.key, r.value, e.id, node.author_key, e.ts, (node.height, e.id, r.clock)) for r in rows]
+        author, height = node.author_key, node.height
+        return [_record(store, r.key, r.value, e.id, author, e.ts, (height, e.id, r.clock)) for r in rows]
 
     # ------------------------------------------------------------------------ reading
     def rows(self, store: str) -> list[RowRecord]:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import msgpack
 
 from memmesh.auth.keys import DOMAIN_ENTRY, SigningKey, public_key_str, verify
 from memmesh.crdt import verifystats
 from memmesh.crdt.errors import EntryRejected
+from memmesh.crdt.frozen import builder
 from memmesh.crdt.verify_process import verify_split
 
 FORMAT_VERSION = 1
@@ -123,6 +124,24 @@ class Entry:
         return client_id_for(self.author)
 
 
+# Every entry received is decoded here: the records it yields are built without their
+# dataclass __init__ (crdt/frozen.py), the unpacker's options are bound once.
+_entry = builder(Entry)
+_descriptor = builder(StoreDescriptor)
+_sha256 = hashlib.sha256
+_unpack = partial(
+    msgpack.unpackb,
+    raw=False,
+    use_list=True,
+    strict_map_key=True,
+    max_bin_len=MAX_HEADER_BYTES,
+    max_str_len=MAX_HEADER_BYTES,
+    max_array_len=MAX_PARENTS + 8,
+    max_map_len=MAX_STORES + 16,
+    max_ext_len=0,
+)
+
+
 def _pack(obj: object) -> bytes:
     packed: bytes = msgpack.packb(obj, use_bin_type=True)
     return packed
@@ -207,30 +226,23 @@ def decode_entry(
     if not isinstance(header, (bytes, bytearray)):
         raise _reject("entry.format", "a header is bytes")
     header = bytes(header)
-    if len(header) > MAX_HEADER_BYTES:
-        raise _reject("entry.size", f"header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
-    total = len(header) + sum(len(p) for p in payloads.values() if p is not None)
+    size = len(header)
+    if size > MAX_HEADER_BYTES:
+        raise _reject("entry.size", f"header of {size} bytes exceeds {MAX_HEADER_BYTES}")
+    total = size
+    for update in payloads.values():
+        if update is not None:
+            total += len(update)
     if total > MAX_ENTRY_BYTES:
         raise _reject("entry.size", f"entry of {total} bytes exceeds {MAX_ENTRY_BYTES}")
     for name, update in payloads.items():
         if update is not None and len(update) > MAX_PAYLOAD_BYTES:
             raise _reject("entry.size", f"payload of store {name!r} has {len(update)} bytes, more than {MAX_PAYLOAD_BYTES}")
-    if len(header) < 70 or header[0] != 0x92 or header[-66:-64] != _SIG_TRAILER:
+    if size < 70 or header[0] != 0x92 or header[-66:-64] != _SIG_TRAILER:
         raise _reject("entry.format", "a signed header is the msgpack array [body, 64-byte signature]")
     body_bytes = header[1:-66]
-    signature = header[-64:]
     try:
-        body = msgpack.unpackb(
-            body_bytes,
-            raw=False,
-            use_list=True,
-            strict_map_key=True,
-            max_bin_len=MAX_HEADER_BYTES,
-            max_str_len=MAX_HEADER_BYTES,
-            max_array_len=MAX_PARENTS + 8,
-            max_map_len=MAX_STORES + 16,
-            max_ext_len=0,
-        )
+        body = _unpack(body_bytes)
     except Exception as exc:  # msgpack raises several unrelated types for bad bytes
         raise _reject("entry.format", f"header body is not valid msgpack: {exc.__class__.__name__}") from None
     if type(body) is not dict:
@@ -239,21 +251,32 @@ def decode_entry(
     expected_keys = _BODY_KEYS_ROOT if is_root else _BODY_KEYS
     if tuple(body) != expected_keys:
         raise _reject("entry.format", f"header fields must be exactly {', '.join(expected_keys)} in that order")
-    if body["v"] != FORMAT_VERSION or type(body["v"]) is not int:
-        raise _reject("entry.version", f"unsupported entry format version {body['v']!r}")
-    author = _raw32(body["author"], "author")
-    seq = _uint(body["seq"], "seq")
-    ts = _uint(body["ts"], "ts", 2**63 - 1)
+    version = body["v"]
+    if version != FORMAT_VERSION or type(version) is not int:
+        raise _reject("entry.version", f"unsupported entry format version {version!r}")
+    author = body["author"]
+    if type(author) is not bytes or len(author) != 32:
+        _raw32(author, "author")
+    seq = body["seq"]
+    if type(seq) is not int or not 0 <= seq <= MAX_SAFE_INT:
+        _uint(seq, "seq")
+    ts = body["ts"]
+    if type(ts) is not int or not 0 <= ts <= 2**63 - 1:
+        _uint(ts, "ts", 2**63 - 1)
     prev_raw = body["prev"]
-    prev = None if prev_raw is None else raw_to_id(_raw32(prev_raw, "prev"))
+    prev = None if prev_raw is None else ID_PREFIX + _raw32(prev_raw, "prev").hex()
     parents_raw = body["parents"]
     if type(parents_raw) is not list or len(parents_raw) > MAX_PARENTS:
         raise _reject("entry.format", f"parents must be a list of at most {MAX_PARENTS} ids")
     for p in parents_raw:
-        _raw32(p, "a parent id")
-    if any(a >= b for a, b in zip(parents_raw, parents_raw[1:])):
+        if type(p) is not bytes or len(p) != 32:
+            _raw32(p, "a parent id")
+    if len(parents_raw) > 1 and any(a >= b for a, b in zip(parents_raw, parents_raw[1:])):
         raise _reject("entry.canonical", "parents must be sorted and unique")
-    parents = tuple(raw_to_id(p) for p in parents_raw)
+    if prev is not None and len(parents_raw) == 1 and parents_raw[0] == prev_raw:  # prev is the only parent
+        parents = (prev,)
+    else:
+        parents = tuple([ID_PREFIX + p.hex() for p in parents_raw])
     nonce = None
     db = None
     if is_root:
@@ -263,7 +286,7 @@ def decode_entry(
         if parents or prev is not None or seq != 0:
             raise _reject("entry.format", "a root entry has no parents, no prev and seq 0")
     else:
-        db = raw_to_id(_raw32(body["db"], "db"))
+        db = ID_PREFIX + _raw32(body["db"], "db").hex()
         if not parents:
             raise _reject("entry.format", "a non-root entry names at least one parent")
         if (seq == 0) != (prev is None):
@@ -271,9 +294,10 @@ def decode_entry(
     stores_raw = body["stores"]
     if type(stores_raw) is not dict or not stores_raw or len(stores_raw) > MAX_STORES:
         raise _reject("entry.format", f"stores must be a map of 1..{MAX_STORES} descriptors")
-    names = list(stores_raw)
-    if len(names) > 1 and names != sorted(names, key=lambda n: n.encode("utf-8")):
-        raise _reject("entry.canonical", "store names must be in byte order")
+    if len(stores_raw) > 1:
+        names = list(stores_raw)
+        if names != sorted(names, key=lambda n: n.encode("utf-8")):
+            raise _reject("entry.canonical", "store names must be in byte order")
     client = client_id_for(author)
     stores: dict[str, StoreDescriptor] = {}
     for name, desc in stores_raw.items():
@@ -282,23 +306,20 @@ def decode_entry(
         if type(desc) is not list or len(desc) != 5:
             raise _reject("entry.format", f"descriptor of store {name!r} is [sha256, length, client, clock, clock_len]")
         sha, length, dclient, clock, clock_len = desc
-        if (type(sha) is bytes and len(sha) == 32 and type(length) is int and 0 <= length <= MAX_PAYLOAD_BYTES
+        if not (type(sha) is bytes and len(sha) == 32 and type(length) is int and 0 <= length <= MAX_PAYLOAD_BYTES
                 and type(dclient) is int and 0 <= dclient <= MAX_SAFE_INT and type(clock) is int
                 and 0 <= clock <= MAX_SAFE_INT and type(clock_len) is int and 0 <= clock_len <= MAX_SAFE_INT):
-            d = StoreDescriptor(sha, length, dclient, clock, clock_len)
-        else:  # the same checks one by one, for the message of the first that fails
-            d = StoreDescriptor(
-                _raw32(sha, f"{name} sha256"),
-                _uint(length, f"{name} length", MAX_PAYLOAD_BYTES),
-                _uint(dclient, f"{name} client"),
-                _uint(clock, f"{name} clock"),
-                _uint(clock_len, f"{name} clock_len"),
-            )
-        if d.clock_len == 0 or d.clock_end > MAX_SAFE_INT:
+            # the same checks one by one, for the message of the first that fails
+            _raw32(sha, f"{name} sha256")
+            _uint(length, f"{name} length", MAX_PAYLOAD_BYTES)
+            _uint(dclient, f"{name} client")
+            _uint(clock, f"{name} clock")
+            _uint(clock_len, f"{name} clock_len")
+        if clock_len == 0 or clock + clock_len > MAX_SAFE_INT:
             raise _reject("entry.format", f"store {name!r} covers an empty or out-of-range clock range")
-        if d.client != client:
-            raise _reject("entry.client", f"store {name!r} claims Yjs client {d.client}, the author writes as {client}")
-        stores[name] = d
+        if dclient != client:
+            raise _reject("entry.client", f"store {name!r} claims Yjs client {dclient}, the author writes as {client}")
+        stores[name] = _descriptor(sha, length, dclient, clock, clock_len)
     # Exact canonical form: one logical header has one byte string, hence one id.
     if _pack(body) != body_bytes:
         raise _reject("entry.canonical", "header body is not in canonical msgpack form")
@@ -312,24 +333,25 @@ def decode_entry(
             continue
         if len(update) != described.length:
             raise _reject("entry.payload", f"payload of store {name!r} has {len(update)} bytes, the header says {described.length}")
-        if hashlib.sha256(update).digest() != described.sha256:
+        if _sha256(update).digest() != described.sha256:
             raise _reject("entry.payload", f"payload of store {name!r} does not match its sha256")
         checked[name] = bytes(update)
-    for name in stores:
-        checked.setdefault(name, None)
+    if len(checked) != len(stores):
+        for name in stores:
+            checked.setdefault(name, None)
     if verify_signature:
         started = verifystats.clock()
-        ok = verify(author, DOMAIN_ENTRY, body_bytes, signature)
+        ok = verify(author, DOMAIN_ENTRY, body_bytes, header[-64:])
         verifystats.VERIFIED.add(1, verifystats.clock() - started)
         if not ok:
             raise _reject("entry.signature", "signature does not verify for the author's key")
-    entry_id = id_of(header)
+    entry_id = ID_PREFIX + _sha256(header).hexdigest()
     if expected_db is not None:
         if is_root and entry_id != expected_db:
             raise _reject("entry.db", "a root entry of another database")
         if not is_root and db != expected_db:
             raise _reject("entry.db", f"entry belongs to database {db}, not {expected_db}")
-    return Entry(entry_id, header, author, seq, prev, parents, ts, db, nonce, stores, checked)
+    return _entry(entry_id, header, author, seq, prev, parents, ts, db, nonce, stores, checked)
 
 
 def signature_ok(entry: Entry) -> bool:

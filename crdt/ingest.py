@@ -22,6 +22,7 @@ from memmesh.crdt.derived import Applied, DerivedState, event_of
 from memmesh.crdt.entry import Entry, decode_entry, id_of
 from memmesh.crdt.erasure import ERASE, UNERASABLE, EraseOp
 from memmesh.crdt.errors import AuthError, EntryRejected, MemmeshError, PendingFullError, RejectedError, StorageError
+from memmesh.crdt.frozen import builder
 from memmesh.crdt.log_index import IndexedEntry, LogIndex
 from memmesh.crdt.observers import Observers
 from memmesh.crdt.pending import PendingArea
@@ -45,6 +46,9 @@ log = logging.getLogger("memmesh.crdt.database")
 # What admitting one entry did: applied, stored as a candidate, or changed earlier verdicts.
 Admission = Literal["accepted", "candidate", "rebuild"]
 Received = tuple[bytes, Mapping[str, bytes | None]]
+
+
+_stored_entry = builder(StoredEntry)  # one per entry stored (crdt/frozen.py)
 
 
 @dataclass
@@ -277,7 +281,7 @@ class IngestPipeline:
                 self._pending_covers.pop((entry.id, store), None)
         if None in payloads.values():
             self._index.set_absent(entry.id, {s for s, p in payloads.items() if p is None})
-        batch.staged.append(StoredEntry(entry.id, entry.header, payloads))
+        batch.staged.append(_stored_entry(entry.id, entry.header, payloads))
         if outcome == "rebuild" or node.erases:
             batch.rebuild = True
         elif outcome == "accepted":
@@ -458,7 +462,7 @@ class IngestPipeline:
             self._index.insert(node)
             self._unaccepted.count(author, size)
             return node, "candidate", {}
-        node = IndexedEntry(entry, author, height, vv, ops, erases, size=size)
+        node = IndexedEntry(entry, author, height, vv, ops, erases, False, size)
         event = event_of(node)
         # Entries that no later event could make valid are refused (never stored).
         never = self._derived.never_valid(event)

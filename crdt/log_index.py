@@ -17,7 +17,7 @@ from memmesh.auth.ops import GrantOp, RevokeOp
 from memmesh.crdt.entry import Entry, StoreDescriptor
 from memmesh.crdt.erasure import ERASE, UNERASABLE, EraseOp
 from memmesh.crdt.errors import EntryRejected, RejectedError
-from memmesh.crdt.records import _NO_PAYLOADS, SETTINGS, _with_payloads, check_payload_shape, valid_store_name
+from memmesh.crdt.records import _NO_PAYLOADS, SETTINGS, _with_payloads, checked_name_shape, valid_store_name
 from memmesh.crdt.row_keys import KeyRange, ShownKeys, canonical
 from memmesh.crdt.yjs import Row
 
@@ -271,7 +271,7 @@ class LogIndex:
                erases: list[EraseOp], fresh: set[str]) -> tuple[Row, ...]:
         """check_payload_shape of one payload: its rows; its operations added to ``ops`` and
         ``erases``, and the store to ``fresh`` when its rows may be marked (clock-keyed)."""
-        shape = check_payload_shape(store, desc, update)
+        shape = checked_name_shape(store, desc, update)  # _header_checks checked the name
         ops.extend(shape.ops)
         erases.extend(shape.erases)
         if store not in DECODED_ON_OPEN and canonical(shape.rows, desc.client, desc.clock):

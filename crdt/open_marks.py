@@ -81,11 +81,12 @@ def _raw_id(entry_id: str) -> bytes | None:
     """The 32 bytes of an id in its one spelling (``sha256:`` and 64 lowercase hex digits)."""
     if len(entry_id) != 71 or not entry_id.startswith(_ID_PREFIX):
         return None
+    digits = entry_id[7:]
     try:
-        raw = bytes.fromhex(entry_id[7:])
+        raw = bytes.fromhex(digits)
     except ValueError:
         return None
-    return raw if raw.hex() == entry_id[7:] else None
+    return raw if raw.hex() == digits else None
 
 
 def encode_batch(marks: Mapping[str, Collection[str]]) -> tuple[str, bytes]:
@@ -165,11 +166,17 @@ def write_marks(storage: Storage, db_id: str, marks: Mapping[str, Iterable[str]]
     payloads are checked in full on the next open instead)."""
     if not marks:
         return
-    frozen = {entry_id: frozenset(stores) for entry_id, stores in marks.items()}
-    raws = {i: _raw_id(i) for i in frozen} if len(frozen) > 1 else {}
-    batched = [(raw, frozen[i]) for i, raw in raws.items() if raw is not None]
+    many = len(marks) > 1
+    single: list[tuple[str, frozenset[str]]] = []
+    batched: list[tuple[bytes, frozenset[str]]] = []
+    for entry_id, stores in marks.items():
+        raw = _raw_id(entry_id) if many else None
+        if raw is None:
+            single.append((entry_id, frozenset(stores)))
+        else:
+            batched.append((raw, frozenset(stores)))
     try:
-        items = [(i, encode_mark(i, s)) for i, s in frozen.items() if raws.get(i) is None]
+        items = [(i, encode_mark(i, s)) for i, s in single]
         items += [_encode_batch(batched[start:start + BATCH_ENTRIES])
                   for start in range(0, len(batched), BATCH_ENTRIES)]
         storage.put_local_many(namespace(db_id), items)

@@ -18,6 +18,7 @@ from memmesh.auth.permissions import Permission
 from memmesh.crdt.entry import Entry, StoreDescriptor
 from memmesh.crdt.erasure import ERASE, EraseOp, parse_erase
 from memmesh.crdt.errors import EntryRejected
+from memmesh.crdt.frozen import builder
 from memmesh.crdt.storage import StoredEntry
 from memmesh.crdt.yjs import Row, check_append, decode_append_update, encode_gc
 
@@ -129,7 +130,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 def valid_store_name(name: str) -> bool:
-    return bool(name) and len(name) <= 128 and set(name) <= STORE_NAME_CHARS
+    return bool(name) and len(name) <= 128 and STORE_NAME_CHARS.issuperset(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,9 @@ class _Shape:
     erases: tuple[EraseOp, ...]
 
 
+_shape = builder(_Shape)
+
+
 def check_payload_shape(store: str, desc: StoreDescriptor, update: bytes) -> _Shape:
     """Every check of one payload that needs nothing but the payload and its descriptor.
 
@@ -150,17 +154,24 @@ def check_payload_shape(store: str, desc: StoreDescriptor, update: bytes) -> _Sh
     """
     if not valid_store_name(store):
         raise EntryRejected("entry.store_name", f"invalid store name {store!r}")
+    return checked_name_shape(store, desc, update)
+
+
+def checked_name_shape(store: str, desc: StoreDescriptor, update: bytes) -> _Shape:
+    """check_payload_shape of a store whose name the caller has checked already."""
     decoded = decode_append_update(update, root=store, client=desc.client)
     if decoded.clock != desc.clock or decoded.length != desc.clock_len:
         raise EntryRejected("entry.payload", f"store {store!r} update does not cover the clock range its descriptor claims")
-    check_append(decoded, next_clock=desc.clock, exists=_never)
+    if len(decoded.rows) > 1:
+        # One row starting at the descriptor's clock (checked above) passes check_append as is.
+        check_append(decoded, next_clock=desc.clock, exists=_never)
     ops: tuple[GrantOp | RevokeOp, ...] = ()
     erases: tuple[EraseOp, ...] = ()
     if store == SETTINGS:
         ops = tuple(parse_op(row.value) for row in decoded.rows)
     elif store == ERASE:
         erases = tuple(parse_erase(row.value, valid_store=valid_store_name) for row in decoded.rows)
-    return _Shape(decoded.rows, ops, erases)
+    return _shape(decoded.rows, ops, erases)
 
 
 def _never(_key: str) -> bool:
@@ -185,8 +196,11 @@ def _stored(entry: Entry) -> StoredEntry:
     return StoredEntry(entry.id, entry.header, dict(entry.payloads))
 
 
+_build_entry = builder(Entry)  # the index strips every entry it takes of its payloads
+
+
 def _with_payloads(entry: Entry, payloads: Mapping[str, bytes | None]) -> Entry:
-    return Entry(entry.id, entry.header, entry.author, entry.seq, entry.prev, entry.parents,
+    return _build_entry(entry.id, entry.header, entry.author, entry.seq, entry.prev, entry.parents,
                  entry.ts, entry.db, entry.nonce, entry.stores, payloads)
 
 

@@ -45,6 +45,8 @@ def as_point(client: int, key: str) -> int | None:
 
 def canonical(rows: Sequence[Row], client: int, clock: int) -> bool:
     """Are the rows keyed by their own clocks, ``f"{client}/{clock + i}"``?"""
+    if len(rows) == 1:  # the common payload: one row
+        return rows[0].key == f"{client}/{clock}"
     return all(row.key == f"{client}/{clock + i}" for i, row in enumerate(rows))
 
 

@@ -64,6 +64,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeGuard
 
 from memmesh.crdt.errors import PendingFullError, StorageError
 
@@ -87,6 +88,7 @@ __all__ = [
     "check_millis",
     "check_name",
     "check_entry",
+    "plain_entry",
     "check_entry_fields",
     "check_pending",
     "freeze_payloads",
@@ -197,11 +199,17 @@ def check_entry(entry: object) -> StoredEntry:
     The copy holds ``bytes`` (not bytearray/memoryview) and a read-only payload mapping
     ordered by store name, so that what an adapter returns never aliases caller data.
     """
-    if type(entry) is StoredEntry and _plain_name(entry.id) and type(entry.header) is bytes and \
-            type(entry.payloads) in _PLAIN_MAPPINGS and _plain_payloads(entry.payloads):
+    if plain_entry(entry):
         # What the pipeline stores: every check below holds, decided without naming each field.
         return StoredEntry(entry.id, entry.header, freeze_payloads(entry.payloads))
     return check_entry_fields(entry)
+
+
+def plain_entry(entry: object) -> TypeGuard[StoredEntry]:
+    """Does ``entry`` pass :func:`check_entry` as it is (what the pipeline stores)? An adapter
+    that only reads the entry while it writes it may then skip the copy."""
+    return (type(entry) is StoredEntry and _plain_name(entry.id) and type(entry.header) is bytes
+            and type(entry.payloads) in _PLAIN_MAPPINGS and _plain_payloads(entry.payloads))
 
 
 def check_entry_fields(entry: object) -> StoredEntry:
@@ -356,6 +364,11 @@ class Storage(ABC):
 
     @abstractmethod
     def get(self, db_id: str, entry_id: str) -> StoredEntry | None: ...
+
+    def get_many(self, db_id: str, entry_ids: Sequence[str]) -> list[StoredEntry | None]:
+        """``get`` of each id, in order (None where not stored); an adapter reads them at
+        once where it can (a page of entries served to a peer is read this way)."""
+        return [self.get(db_id, entry_id) for entry_id in check_ids(entry_ids, "entry_ids")]
 
     @abstractmethod
     def has(self, db_id: str, entry_id: str) -> bool: ...

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from memmesh.crdt.errors import UpdateRejected
+from memmesh.crdt.frozen import builder
 
 __all__ = [
     "MAX_DEPTH",
@@ -93,6 +94,11 @@ class DecodedUpdate:
     clock: int  # first clock
     length: int  # clock units covered (one per row)
     rows: tuple[Row, ...]
+
+
+# Built without their dataclass __init__: one of each per row received (crdt/frozen.py).
+_row = builder(Row)
+_decoded = builder(DecodedUpdate)
 
 
 def _reject(reason: str, detail: str) -> NoReturn:
@@ -175,6 +181,12 @@ def _any(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
             if end > len(data):
                 _reject("yjs.truncated", "string runs past the end of the update")
             return data[pos + 1:end].decode(), end
+        b2 = data[pos + 1]
+        if 0 < b2 < 0x80:  # 128 bytes to 16 KiB (b2 == 0 is overlong: _str refuses it)
+            end = pos + 2 + ((b & 0x7F) | (b2 << 7))
+            if end > len(data):
+                _reject("yjs.truncated", "string runs past the end of the update")
+            return data[pos + 2:end].decode(), end
         return _str(data, pos)
     if tag == 125:
         b = data[pos]
@@ -195,15 +207,23 @@ def _any(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
         if n > len(data) - pos:
             _reject("yjs.truncated", "container count runs past the end of the update")
         depth -= 1
+        size = len(data)
+        # Short strings, the most common elements, are read inline (as _any reads them).
         if tag == 117:
             arr: list[Any] = []
             append = arr.append
             for _ in range(n):
+                if data[pos] == 119 and data[pos + 1] < 0x80:
+                    end = pos + 2 + data[pos + 1]
+                    if end > size:
+                        _reject("yjs.truncated", "string runs past the end of the update")
+                    append(data[pos + 2:end].decode())
+                    pos = end
+                    continue
                 v, pos = _any(data, pos, depth)
                 append(v)
             return arr, pos
         obj = {}
-        size = len(data)
         for _ in range(n):
             b = data[pos]
             if b < 0x80:  # short key, inline
@@ -214,6 +234,13 @@ def _any(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
                 pos = end
             else:
                 k, pos = _str(data, pos)
+            if data[pos] == 119 and data[pos + 1] < 0x80:
+                end = pos + 2 + data[pos + 1]
+                if end > size:
+                    _reject("yjs.truncated", "string runs past the end of the update")
+                obj[k] = data[pos + 2:end].decode()
+                pos = end
+                continue
             obj[k], pos = _any(data, pos, depth)
         return obj, pos
     if tag == 120:
@@ -260,6 +287,14 @@ def _item_head(root: str) -> bytes:
     return bytes(out)
 
 
+@functools.lru_cache(maxsize=4096)
+def _client_text(client: int) -> tuple[bytes, str]:
+    """The varuint a well-formed update writes its client id as, and its row keys' prefix."""
+    out = bytearray()
+    _w_uint(out, client)
+    return bytes(out), f"{client}/"
+
+
 def _head_reason(data: bytes, pos: int, root: str) -> NoReturn:
     """Explain why the item at pos does not start with the expected head (always raises)."""
     info = data[pos]
@@ -276,28 +311,42 @@ def _head_reason(data: bytes, pos: int, root: str) -> NoReturn:
 
 def _decode(data: bytes, root: str, client: int, max_depth: int, max_rows: int) -> DecodedUpdate:
     n = len(data)
-    num_clients, pos = _uint(data, 0)
-    if num_clients != 1:
-        if num_clients == 0:
-            ds, pos = _uint(data, pos)
-            if ds:
-                _reject("yjs.delete_set", "update deletes items; append-only stores never delete")
-            if pos != n:
-                _reject("yjs.trailing_bytes", "bytes after the end of the update")
-            _reject("yjs.empty", "update inserts no rows")
-        _reject("yjs.clients", f"update has {num_clients} client sections, expected 1")
-    num_structs, pos = _uint(data, pos)
+    if data[:2] == b"\x01\x01":  # one client section, one row: the common update
+        num_structs, pos = 1, 2
+    else:
+        num_clients, pos = _uint(data, 0)
+        if num_clients != 1:
+            if num_clients == 0:
+                ds, pos = _uint(data, pos)
+                if ds:
+                    _reject("yjs.delete_set", "update deletes items; append-only stores never delete")
+                if pos != n:
+                    _reject("yjs.trailing_bytes", "bytes after the end of the update")
+                _reject("yjs.empty", "update inserts no rows")
+            _reject("yjs.clients", f"update has {num_clients} client sections, expected 1")
+        num_structs, pos = _uint(data, pos)
     if num_structs == 0:
         _reject("yjs.empty", "update inserts no rows")
     if num_structs > max_rows:
         _reject("yjs.too_many_rows", f"{num_structs} rows in one update (limit {max_rows})")
-    author, pos = _uint(data, pos)
-    if author != client:
-        _reject("yjs.clients", f"update written as client {author}, author is client {client}")
-    clock, pos = _uint(data, pos)
+    own, prefix = _client_text(client) if 0 <= client <= _SAFE else (None, f"{client}/")
+    if own is not None and data[pos:pos + len(own)] == own:  # the author's id, as its one varuint spelling
+        pos += len(own)
+    else:
+        author, pos = _uint(data, pos)
+        if author != client:
+            _reject("yjs.clients", f"update written as client {author}, author is client {client}")
+    b = data[pos]
+    if b < 0x80:
+        clock = b
+        pos += 1
+    elif 0 < data[pos + 1] < 0x80:  # two bytes (b2 == 0 is overlong: _uint refuses it)
+        clock = (b & 0x7F) | (data[pos + 1] << 7)
+        pos += 2
+    else:
+        clock, pos = _uint(data, pos)
     if clock + num_structs > _SAFE:
         _reject("yjs.varint", "clock range above 2**53-1")
-    prefix = f"{client}/"
     head = _item_head(root)
     hlen = len(head)
     rows = []
@@ -306,20 +355,27 @@ def _decode(data: bytes, root: str, client: int, max_depth: int, max_rows: int) 
         end = pos + hlen
         if data[pos:end] != head:
             _head_reason(data, pos, root)
-        key, pos = _str(data, end)
+        b = data[end]
+        if b < 0x80:  # a short key, inline
+            pos = end + 1 + b
+            if pos > n:
+                _reject("yjs.truncated", "string runs past the end of the update")
+            key = data[end + 1:pos].decode()
+        else:
+            key, pos = _str(data, end)
         if not key.startswith(prefix):
             _reject("yjs.key_prefix", f"row key {key!r} does not start with {prefix!r}")
         if data[pos] != 1:
             cnt, _ = _uint(data, pos)
             _reject("yjs.any_count", f"ContentAny holds {cnt} values, expected exactly 1")
         value, pos = _any(data, pos + 1, max_depth)
-        rows.append(Row(key, value, clock + i))
+        rows.append(_row(key, value, clock + i))
     if data[pos] != 0:
         _uint(data, pos)  # an overlong 0 is a varint error
         _reject("yjs.delete_set", "update deletes items; append-only stores never delete")
     if pos + 1 != n:
         _reject("yjs.trailing_bytes", "bytes after the end of the update")
-    return DecodedUpdate(client, clock, num_structs, tuple(rows))
+    return _decoded(client, clock, num_structs, tuple(rows))
 
 
 def decode_append_update(

@@ -367,6 +367,18 @@ class Home:
             self._opened(db)
         return db
 
+    def adopt(self, staged: Database) -> Database:
+        """This node's database of ``staged``, whose entries were just appended to this node's
+        storage, in its order: ``Database.adopt`` takes the index and derived state staged
+        built as it checked them, where ``database`` would read and hash the whole log back and
+        derive everything again. The caller drops
+        ``staged``; the adopted database is cached and announced as an opened one is."""
+        if staged.id in self._databases:
+            raise MemmeshError(f"database {staged.id} is open on this node already")
+        db = self._databases[staged.id] = Database.adopt(self.storage, staged)
+        self._opened(db)
+        return db
+
     def on_open(self, listener: Callable[[Database], None]) -> Callable[[], None]:
         """Call ``listener(db)`` for every database open now and each one opened or created from
         now on (serve's event stream watches them all); returns a function that removes it."""

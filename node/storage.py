@@ -66,6 +66,7 @@ from memmesh.crdt.storage import (
     check_limit,
     check_name,
     freeze_payloads,
+    plain_entry,
 )
 from memmesh.node import file_check
 from memmesh.node.storage_checks import FileChecks
@@ -79,6 +80,7 @@ from memmesh.node.storage_schema import APPLICATION_ID, MIGRATIONS, SCHEMA, SCHE
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStorage"]
 
 _PAGE = 500  # entries read per query while iterating
+_GET_MANY = 500  # ids per query of get_many (SQLite allows 32,766 bound values)
 _SLICE_BYTES = 8 << 20  # payload bytes read per query while iterating, about
 _MMAP_BYTES = 1 << 31
 _SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
@@ -244,8 +246,10 @@ class SqliteStorage(PendingArea, DamagedArea, FileChecks, LocalRecords, Storage)
                 def rows() -> Iterator[tuple[int, str, bytes]]:
                     # Validated as it streams into executemany: a bad entry late in the batch
                     # aborts the transaction after earlier rows were written (rolled back).
+                    # Nothing of an entry is kept past this call, so one that passes check_entry
+                    # as it is needs no copy.
                     for raw in entries:
-                        entry = check_entry(raw)
+                        entry = raw if plain_entry(raw) else check_entry(raw)
                         if entry.id in seen:
                             continue
                         seen.add(entry.id)
@@ -265,7 +269,8 @@ class SqliteStorage(PendingArea, DamagedArea, FileChecks, LocalRecords, Storage)
                     (
                         (inserted[entry.id], store, data)
                         for entry in batch if entry.id in inserted
-                        for store, data in entry.payloads.items()
+                        for store, data in (sorted(entry.payloads.items()) if len(entry.payloads) > 1
+                                            else entry.payloads.items())
                     ),
                 )
                 new = len(inserted)
@@ -329,6 +334,24 @@ class SqliteStorage(PendingArea, DamagedArea, FileChecks, LocalRecords, Storage)
                 return None
             payloads = self._payloads(conn, "payloads", "entry", [row[0]])[row[0]]
             return StoredEntry(entry_id, row[1], freeze_payloads(payloads))
+
+    def get_many(self, db_id: str, entry_ids: Sequence[str]) -> list[StoredEntry | None]:
+        """Two queries per slice of ids (headers, then their payloads), not two per entry."""
+        ids = check_ids(entry_ids, "entry_ids")
+        out: list[StoredEntry | None] = []
+        with self._reading() as conn:
+            db = self._db_key(db_id)
+            for start in range(0, len(ids), _GET_MANY):
+                part = ids[start:start + _GET_MANY]
+                marks = ",".join("?" * len(part))
+                found = {row[1]: (row[0], row[2]) for row in conn.execute(
+                    f"SELECT seq, id, header FROM entries WHERE db = ? AND id IN ({marks})", [db, *part])}
+                payloads = self._payloads(conn, "payloads", "entry", [seq for seq, _h in found.values()])
+                for entry_id in part:
+                    hit = found.get(entry_id)
+                    out.append(None if hit is None else
+                               StoredEntry(entry_id, hit[1], freeze_payloads(payloads[hit[0]])))
+        return out
 
     def has(self, db_id: str, entry_id: str) -> bool:
         with self._reading() as conn:

@@ -76,6 +76,7 @@ class StorageConformance:
             lambda: store.append("nope", [e]),
             lambda: store.entries("nope"),
             lambda: store.get("nope", e.id),
+            lambda: store.get_many("nope", [e.id]),
             lambda: store.has("nope", e.id),
             lambda: store.count("nope"),
             lambda: store.erase_payload("nope", e.id, "memory"),
@@ -114,6 +115,23 @@ class StorageConformance:
             assert all(type(v) is bytes for v in got.payloads.values())
         assert store.get("db-a", "sha256:unknown") is None
         assert not store.has("db-a", "sha256:unknown")
+
+    def test_get_many_is_get_of_each_in_order(self, store):
+        entries = [make_entry(size=i * 3, stores=("memory", "embeddings:x/y")[: 1 + i % 2]) for i in range(1200)]
+        store.append("db-a", entries)
+        store.add_database("db-b")
+        store.append("db-b", [other := make_entry(size=5)])
+        store.erase_payload("db-a", entries[7].id, "memory")
+        # Out of order, repeated, unknown, another database's, across more than one read slice.
+        ids = [e.id for e in reversed(entries)] + [entries[3].id, "sha256:unknown", other.id, entries[7].id]
+        got = store.get_many("db-a", ids)
+        assert got == [store.get("db-a", i) for i in ids]
+        assert got[-3:-1] == [None, None] and got[-1].payloads["memory"] is None
+        assert store.get_many("db-a", []) == []
+        with pytest.raises((TypeError, ValueError)):
+            store.get_many("db-a", "sha256:abc")  # a bare str is not a sequence of ids
+        with pytest.raises(StorageError, match="unknown database"):
+            store.get_many("nope", ids[:1])
 
     def test_append_order_preserved(self, store):
         entries = [make_entry(size=i) for i in range(1200)]  # more than one read page

@@ -272,12 +272,36 @@ async def call(transport: HttpTransport, client: Client, address: str, target: s
 
 async def run_exchange(transport: HttpTransport, client: Client, address: str, target: str,
                        exchange: Exchange, run: Runner) -> Exchange:
-    """Drive ``exchange`` against the node ``target`` at ``address`` until it is done."""
-    while True:
-        message = await run(exchange.next_message)
-        if message is None:
-            return exchange
-        _node, reply = await call(transport, client, address, target, message)
-        await run(functools.partial(exchange.on_reply, reply))
-        while await run(exchange.work):  # a large page in slices: other work runs in between
-            pass
+    """Drive ``exchange`` against the node ``target`` at ``address`` until it is done.
+
+    A pulled page is taken in on the database thread while the request for the next one
+    (``Exchange.pull_ahead``) runs here on the loop: one page ahead at most, each request with
+    the transport's bounds of size and time."""
+    ahead: tuple[Any, asyncio.Future[tuple[str, Any]]] | None = None
+    try:
+        while True:
+            message = await run(exchange.next_message)
+            if message is None:
+                return exchange
+            if ahead is not None and message is ahead[0]:
+                _node, reply = await ahead[1]
+            else:
+                if ahead is not None:
+                    _drop(ahead[1])
+                _node, reply = await call(transport, client, address, target, message)
+            ahead = None
+            following = await run(functools.partial(exchange.pull_ahead, reply)) if exchange.pulls_ahead else None
+            if following is not None:
+                ahead = following, asyncio.ensure_future(call(transport, client, address, target, following))
+            await run(functools.partial(exchange.on_reply, reply))
+            while await run(exchange.work):  # a large page in slices: other work runs in between
+                pass
+    finally:
+        if ahead is not None:
+            _drop(ahead[1])
+
+
+def _drop(request: asyncio.Future[Any]) -> None:
+    """Cancel a request asked ahead whose reply is not wanted (a failure it met is no one's)."""
+    request.cancel()
+    request.add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -62,6 +62,7 @@ def next_chunk(done: int, seconds: float, current: int) -> int:
         return min(MAX_CHUNK_ENTRIES, current * 2)
     fits = int(done / seconds * SLICE_S / 2)
     return max(PUSH_SLICE_ENTRIES, min(MAX_CHUNK_ENTRIES, fits))
+FIRST_PULL_BYTES = 256 * 1024  # the first page an exchange asks for; each next one 4 x, up to its page size
 # The daemon's and `memmesh sync`'s exchanges ask no new page after this long (docs/protocol.md
 # 6.3): a round waits for its exchanges, so one peer answering "more" forever, or slowly, would
 # hold every bank's sync. An honest page takes well under a second on a LAN; what is left is
@@ -89,7 +90,10 @@ class Intake:
         """Ingest the next chunk (at most ``room`` entries, if given)."""
         chunk = self.entries[self.done:self.done + (self.size if room is None else min(self.size, room))]
         self.done += len(chunk)
-        # The next chunk's signatures are checked while this one is applied (crdt/verify_pipeline.py).
+        # The signature worker takes this chunk (announced already, unless it starts the
+        # entries), then the next, while this one is decoded and applied; this thread checks
+        # what the worker has not reached from the chunk's end (crdt/verify_pipeline.py).
+        db.verify_ahead(chunk)
         db.verify_ahead(self.entries[self.done:self.done + self.size])
         t0 = time.monotonic()
         result = db.ingest(chunk, source=source)
@@ -321,7 +325,7 @@ class Exchange:
     def __init__(self, db: Database, peer: str, *, page_bytes: int = m.DEFAULT_PAGE_BYTES,
                  pull: bool = True, push: bool = True, known_peers: list[m.PeerInfo] | None = None,
                  refusal: Callable[[], str | None] | None = None, blind: bool = False,
-                 deadline_s: float | None = None) -> None:
+                 deadline_s: float | None = None, pull_ahead: bool = False) -> None:
         self.db = db
         # Why nothing of the bank may be sent to the peer (None: it may), asked before every
         # request: a revocation of the peer pulled during this very exchange stops it. Our
@@ -337,6 +341,10 @@ class Exchange:
         self._page_stored = 0  # entries of the page being taken in that entered the log
         self.peer = peer
         self.page_bytes = page_bytes
+        # The first page asked is small, each next one four times larger up to ``page_bytes``:
+        # the peer answers the first at once and it is taken in while the next, larger, is
+        # built and sent (an import waited for a whole 2 MB page before anything else ran).
+        self._pull_size = min(page_bytes, FIRST_PULL_BYTES)
         self.stats = ExchangeStats()
         self._do_pull = pull
         self._do_push = push
@@ -350,6 +358,10 @@ class Exchange:
         self._page: Any = None  # the pulled page being taken in (``work``)
         self._intake = Intake()  # its entries, and how many have been taken in
         self._blinded = False  # the last pull request told the peer nothing of ours
+        # ``pull_ahead``: the next page may be asked while this one is taken in (``pull_ahead()``).
+        self._may_pull_ahead = pull_ahead
+        self._ahead: m.PullRequest | None = None  # that request, until next_message takes or drops it
+        self._ahead_hidden = False  # whether it told the peer nothing of ours
 
     @property
     def done(self) -> bool:
@@ -359,6 +371,7 @@ class Exchange:
         while self.work():  # a driver that does not slice takes the page in here, whole
             pass
         db = self.db
+        ahead, self._ahead = self._ahead, None
         if self._stage in ("pull", "push") and self._deadline is not None and time.monotonic() >= self._deadline:
             self.stats.cut = True
             self._stage = "peers" if self._known_peers is not None else "done"
@@ -378,8 +391,11 @@ class Exchange:
             return m.FeedsRequest(db.id, db.feeds(), db.evidence())
         if self._stage == "pull":
             self._blinded = hide
+            if (ahead is not None and ahead.after == self._cursor and hide == self._ahead_hidden
+                    and not (self._first_pull or self._asked_again)):
+                return ahead  # asked already (pull_ahead): the driver has its reply, or soon will
             if hide:
-                return m.PullRequest(db.id, {}, {}, (), self._cursor, self.page_bytes)
+                return m.PullRequest(db.id, {}, {}, (), self._cursor, self._pull_bytes())
             want: tuple[str, ...] = ()
             if self._first_pull or self._asked_again:
                 # Missing parents, and stored entries whose payload has not arrived (a relay
@@ -387,7 +403,7 @@ class Exchange:
                 wanted = db.wanted()
                 ids = list(wanted["parents"]) + sorted({e for e, _store in wanted["payloads"]})
                 want = tuple(ids[: m.MAX_WANT])
-            return m.PullRequest(db.id, db.feeds(), db.evidence(), want, self._cursor, self.page_bytes)
+            return m.PullRequest(db.id, db.feeds(), db.evidence(), want, self._cursor, self._pull_bytes())
         if self._stage == "push":
             entries, n = db.page(self._to_push, self.page_bytes)
             self._sent = n
@@ -426,6 +442,46 @@ class Exchange:
         elif self._stage == "peers":
             self.stats.peers = list(reply.peers)
             self._stage = "done"
+
+    @property
+    def pulls_ahead(self) -> bool:
+        """Whether this exchange may ask a page ahead (``pull_ahead``): a driver asks nothing
+        of it (no hop to the database thread) when it may not."""
+        return self._may_pull_ahead
+
+    def pull_ahead(self, reply: Any) -> m.PullRequest | None:
+        """For a pulled page about to be taken in (``reply``, before ``on_reply``), the request
+        for the page after it (None if there is none to ask for, or ``pull_ahead`` was not
+        given): a driver sends it meanwhile, so that the peer builds and sends the next page
+        while this one is ingested, at most one page ahead. ``next_message`` gives this very
+        object back when it is still the page to ask for; otherwise it gives another request
+        and the driver drops the reply to this one.
+
+        It carries our feeds of before the page is taken in: the peer pages from the cursor in
+        (height, id) order, so what this page holds lies at or before the cursor and is not
+        sent again. Every check of a request holds as in ``next_message``: none is asked past
+        the deadline, nor of a peer that may not be told of ours (a blind exchange tells it
+        nothing, as its next request would)."""
+        if (not self._may_pull_ahead or self._stage != "pull" or not isinstance(reply, m.PullReply)
+                or not reply.more or not reply.entries or reply.after is None or reply.after == self._cursor):
+            return None
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return None
+        why = self._refusal() if self._refusal is not None else None
+        if why is not None and not self._blind:
+            return None  # next_message says why, and stops
+        db = self.db
+        self._ahead_hidden = why is not None
+        size = self._pull_bytes()
+        self._ahead = (m.PullRequest(db.id, {}, {}, (), reply.after, size) if self._ahead_hidden
+                       else m.PullRequest(db.id, db.feeds(), db.evidence(), (), reply.after, size))
+        return self._ahead
+
+    def _pull_bytes(self) -> int:
+        """The size to ask of the next pulled page (see ``__init__``)."""
+        size = self._pull_size
+        self._pull_size = min(self.page_bytes, size * 4)
+        return size
 
     def working(self) -> bool:
         """Whether a pulled page is still being taken in (call ``work`` until it is not)."""

@@ -350,7 +350,7 @@ async def import_ticket(node: Node, text: str, perm: str, name: str | None, run:
                 raise ShareError(f"the issuer at {address} does not serve this bank to this node: {exc}; "
                                  "nothing was written") from None
             staging = await run(lambda: _staging(ticket.db))
-            exchange = Exchange(staging, ticket.issuer, push=False)
+            exchange = Exchange(staging, ticket.issuer, push=False, pull_ahead=True)
             try:
                 await run_exchange(transport, client, address, ticket.issuer, exchange, run)
             except SyncError as exc:
@@ -411,8 +411,10 @@ def _register(node: Node, ticket: Ticket, perm: str, name: str | None, address: 
 
 def _store(node: Node, db_id: str, staging: Database, source: str) -> Database:
     """The staged entries into this node's storage: a new database in one transaction (each
-    passed the whole pipeline in staging, as on a restart nothing is verified twice); a
-    database kept here already (an archived bank) takes them through ingest."""
+    passed the whole pipeline in staging, as on a restart nothing is verified twice), which the
+    node then holds as staging built it (``Home.adopt``: reading the log back would hash and
+    index every entry again); a database kept here already (an archived bank) takes them
+    through ingest."""
     entries = staging.storage.entries(db_id)
     if db_id in node.database_ids():
         db = node.database(db_id)
@@ -420,4 +422,4 @@ def _store(node: Node, db_id: str, staging: Database, source: str) -> Database:
         return db
     node.storage.add_database(db_id)
     node.storage.append(db_id, entries)
-    return node.database(db_id)
+    return node.adopt(staging)

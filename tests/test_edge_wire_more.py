@@ -38,28 +38,12 @@ from memmesh.node.sync.state import now_ms
 from memmesh.node.worker import run_here
 from tests.dbkit import grant, key, new_db, write
 from tests.procs import processes, until
+from tests.served import Served
 
 REACH_S = 30.0
 
 
 # ============================================================================ helpers
-class Served:
-    """What a SyncServer asks of a node, for one database readable by every caller."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-
-    def readable(self, db_id: str, caller: str) -> Database | None:
-        return self.db if db_id == self.db.id else None
-
-    def peers_of(self, db_id: str, caller: str) -> list[m.PeerInfo]:
-        return []
-
-    def learn_peers(self, db_id: str, caller: str, peers: list[m.PeerInfo]) -> None:
-        pass
-
-    def redeem(self, *args: Any) -> None:
-        return None
 
 
 def _source(n: int = 5) -> tuple[Database, SigningKey, SigningKey]:

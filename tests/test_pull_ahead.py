@@ -22,28 +22,12 @@ from memmesh.node.sync import messages as m
 from memmesh.node.sync.http import HttpTransport, run_exchange, sync_app_routes
 from memmesh.node.sync.protocol import Client, Exchange, SyncServer
 from tests.dbkit import grant, key, new_db, state, write
+from tests.served import Served
 
 ADMIN, ALICE, PEER_A, PEER_B = key(1), key(2), key(41), key(42)
 TARGET = str(PEER_B.public)
 
 
-class Served:
-    """A node serving one bank to every caller, recording each request's operation."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-
-    def readable(self, db_id: str, caller: str) -> Database | None:
-        return self.db if db_id == self.db.id else None
-
-    def peers_of(self, db_id: str, caller: str) -> list[m.PeerInfo]:
-        return []
-
-    def learn_peers(self, db_id: str, caller: str, peers: list[m.PeerInfo]) -> None:
-        pass
-
-    def redeem(self, *args: Any) -> None:
-        return None
 
 
 def _bank(n: int = 40) -> Database:

@@ -62,6 +62,8 @@ def next_chunk(done: int, seconds: float, current: int) -> int:
         return min(MAX_CHUNK_ENTRIES, current * 2)
     fits = int(done / seconds * SLICE_S / 2)
     return max(PUSH_SLICE_ENTRIES, min(MAX_CHUNK_ENTRIES, fits))
+
+
 FIRST_PULL_BYTES = 256 * 1024  # the first page an exchange asks for; each next one 4 x, up to its page size
 # The daemon's and `memmesh sync`'s exchanges ask no new page after this long (docs/protocol.md
 # 6.3): a round waits for its exchanges, so one peer answering "more" forever, or slowly, would

@@ -20,14 +20,12 @@ from memmesh.crdt.database import Database
 from memmesh.crdt.storage import MemoryStorage
 from memmesh.node.sync import messages as m
 from memmesh.node.sync.http import HttpTransport, run_exchange, sync_app_routes
-from memmesh.node.sync.protocol import Client, Exchange, SyncServer
+from memmesh.node.sync.protocol import FIRST_PULL_BYTES, Client, Exchange, SyncServer
 from tests.dbkit import grant, key, new_db, state, write
 from tests.served import Served
 
 ADMIN, ALICE, PEER_A, PEER_B = key(1), key(2), key(41), key(42)
 TARGET = str(PEER_B.public)
-
-
 
 
 def _bank(n: int = 40) -> Database:
@@ -104,6 +102,19 @@ def test_pages_asked_ahead_are_the_pages_asked_in_turn() -> None:
     assert [p.after for p in pulls] == [p.after for p in plain.sent if p.op == "pull"]
     # Each carries our feeds of before the page it follows was taken in.
     assert pulls[1].feeds == {} and len(pulls[-1].feeds) > 0
+
+
+def test_the_first_page_is_small_and_each_next_one_four_times_larger() -> None:
+    bank = _bank(900)  # about 450 KB of entries: more than the first page holds
+    driver = Driver(bank)
+    mine = _empty(bank.id)
+    exchange = Exchange(mine, TARGET, push=False, pull_ahead=True)
+    driver.drive(exchange)
+    assert state(mine) == state(bank)
+    sizes = [x.max_bytes for x in driver.sent if x.op == "pull"]
+    assert sizes[0] == FIRST_PULL_BYTES < m.DEFAULT_PAGE_BYTES
+    assert sizes[1:] == [min(FIRST_PULL_BYTES * 4 ** i, m.DEFAULT_PAGE_BYTES) for i in range(1, len(sizes))]
+    assert len(sizes) >= 2  # the first page did not hold the bank
 
 
 def test_a_page_that_stores_nothing_drops_the_request_asked_after_it() -> None:

@@ -487,7 +487,8 @@ def bench_convergence(tmp: Path, reps: int, args) -> dict[str, Any]:
             for p in nodes:
                 for k in range(WRITES_PER_NODE):
                     p.run("remember", {"agent": "w", "key": f"r{rep}-{p.key[8:16]}-{k}",
-                                       "value": f"written during partition {rep} ({k})", "bank": CONV_BANK})
+                                       "value": f"written during partition {rep} on node {p.key[8:16]} ({k})",
+                                       "bank": CONV_BANK})
             expected = before + 5 * WRITES_PER_NODE
             in_group_s = None
             deadline = t_cut + args.partition_s
@@ -514,7 +515,8 @@ def bench_convergence(tmp: Path, reps: int, args) -> dict[str, Any]:
                 if len(set(st)) == 1 and st[0][0] == expected:
                     break
                 if time.perf_counter() - t_heal > 120:
-                    raise SystemExit(f"bench: no convergence 120 s after the heal: {st}")
+                    raise SystemExit(f"bench: no convergence 120 s after the heal (expected {expected} entries: "
+                                     f"{before} before the cut, {5 * WRITES_PER_NODE} written): {st}")
                 time.sleep(STATUS_POLL_S)
             conv = time.perf_counter() - t_heal
             results.append(conv)

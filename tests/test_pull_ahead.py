@@ -15,12 +15,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memmesh.crdt.database import Database
 from memmesh.crdt.storage import MemoryStorage
 from memmesh.node.sync import messages as m
 from memmesh.node.sync.http import HttpTransport, run_exchange, sync_app_routes
-from memmesh.node.sync.protocol import FIRST_PULL_BYTES, Client, Exchange, SyncServer
+from memmesh.node.sync.protocol import FIRST_PULL_BYTES, Client, Exchange, SyncServer, after_cursor
 from tests.dbkit import grant, key, new_db, state, write
 from tests.served import Served
 
@@ -209,3 +211,21 @@ async def test_an_import_over_http_pulls_ahead_on_its_own_thread() -> None:
         pool.shutdown()
     assert state(mine) == state(bank)
     assert server.ops.count("pull") == exchange.stats.pages > 5  # each page asked once
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_entries_after_a_cursor_are_those_the_plain_filter_keeps(data: st.DataObject) -> None:
+    bank = _CURSOR_BANK
+    ids = bank.missing_for({})
+    cut = data.draw(st.integers(0, len(ids)))
+    after = (bank.height_of(ids[cut - 1]) or 0, ids[cut - 1]) if cut else (0, "")
+    if data.draw(st.booleans()) and cut:  # a cursor between ids, not one of them
+        after = (after[0], after[1] + "~")
+    want = data.draw(st.lists(st.sampled_from(ids), max_size=6))
+    wanted = set(want)
+    plain = [i for i in ids if i in wanted or (bank.height_of(i), i) > after]
+    assert after_cursor(bank, ids, after, want) == plain
+
+
+_CURSOR_BANK = _bank(60)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -101,6 +102,15 @@ class Intake:
         result = db.ingest(chunk, source=source)
         self.size = next_chunk(len(chunk), time.monotonic() - t0, self.size)
         return result
+
+
+def after_cursor(db: Database, ids: list[str], after: tuple[int, str], want: Sequence[str]) -> list[str]:
+    """Of ``ids`` (missing_for's answer, in T order), those after the cursor ``after`` and the
+    wanted ones before it, in order: the entries after the cursor are a suffix, found by
+    bisection rather than a lookup per id."""
+    at = bisect_right(ids, after, key=lambda i: (db.height_of(i), i))
+    wanted = set(want)
+    return ([i for i in ids[:at] if i in wanted] if wanted else []) + ids[at:]
 
 
 def wire_bytes(entries: Sequence[m.EntryWire]) -> int:
@@ -281,8 +291,7 @@ class SyncServer:
         if op == "pull":
             ids = db.missing_for(request.feeds, request.evidence, request.want)
             if request.after is not None:
-                wanted = set(request.want)
-                ids = [i for i in ids if i in wanted or (db.height_of(i), i) > request.after]
+                ids = after_cursor(db, ids, request.after, request.want)
             entries, n = db.page(ids, max(1, request.max_bytes))
             cursor = _cursor_at(db, ids[n - 1]) if n else request.after
             return 200, m.PullReply(entries, cursor, n < len(ids))

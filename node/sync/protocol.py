@@ -108,7 +108,12 @@ def after_cursor(db: Database, ids: list[str], after: tuple[int, str], want: Seq
     """Of ``ids`` (missing_for's answer, in T order), those after the cursor ``after`` and the
     wanted ones before it, in order: the entries after the cursor are a suffix, found by
     bisection rather than a lookup per id."""
-    at = bisect_right(ids, after, key=lambda i: (db.height_of(i), i))
+    def t_key(entry_id: str) -> tuple[int, str]:
+        height = db.height_of(entry_id)
+        assert height is not None  # missing_for answers with stored entries only
+        return height, entry_id
+
+    at = bisect_right(ids, after, key=t_key)
     wanted = set(want)
     return ([i for i in ids[:at] if i in wanted] if wanted else []) + ids[at:]
 

@@ -55,7 +55,7 @@ from memmesh.crdt.entry import Entry, id_of, sign_entry
 from memmesh.crdt.erasure import ERASE, UNERASABLE, EraseOp
 from memmesh.crdt.errors import AuthError, MemmeshError, RejectedError, StorageError
 from memmesh.crdt.ingest import IngestPipeline, Received
-from memmesh.crdt.loading import UNREADABLE, Loaded, read_log, unreadable
+from memmesh.crdt.loading import UNREADABLE, read_log, unreadable
 from memmesh.crdt.log_index import IndexedEntry, LogIndex
 from memmesh.crdt.observers import Observers, OutcomeListener, RowListener, StoredListener
 from memmesh.crdt.open_marks import read_marks, write_marks
@@ -101,11 +101,10 @@ class Database:
     write_guard: Callable[[], None] | None = None
 
     def __init__(self, storage: Storage, db_id: str, *, pending_limits: PendingLimits | None = None,
-                 clock: Callable[[], int] | None = None, index: LogIndex | None = None,
-                 derived: DerivedState | None = None) -> None:
-        """An empty database over ``storage``, or (``index`` and ``derived``) one whose log
-        index and derived state were built over another storage holding the same entries
-        (``adopt``). ``open`` and ``create`` are the usual ways in."""
+                 clock: Callable[[], int] | None = None, derived: DerivedState | None = None) -> None:
+        """An empty database over ``storage``, or (``derived``) one whose derived state and log
+        index were built over another storage holding the same entries (``adopt``). ``open``
+        and ``create`` are the usual ways in."""
         self.storage = storage
         self.id = db_id
         self._observers = Observers()
@@ -113,7 +112,7 @@ class Database:
         self._refusals = RefusalLog(storage, db_id)
         self._pending = PendingArea(storage, db_id, pending_limits, self._clock)
         self._ahead = AheadVerifier()
-        self._reset(index, derived)
+        self._reset(derived)
 
     # ----------------------------------------------------------------- creation and loading
     @classmethod
@@ -185,8 +184,7 @@ class Database:
             # The payloads staged checked, as checked: the same bytes (the same ids pin them),
             # so a later open of ``storage`` does not decode them again either.
             write_marks(storage, staged.id, read_marks(staged.storage, staged.id))
-            db = cls(storage, staged.id, pending_limits=pending_limits, clock=clock, index=staged._log,
-                     derived=staged._derived)
+            db = cls(storage, staged.id, pending_limits=pending_limits, clock=clock, derived=staged._derived)
             db._pipeline.recount()
             try:
                 db._pipeline.load_pending()
@@ -194,13 +192,14 @@ class Database:
                 raise unreadable(storage, db.id, exc) from exc
         return db
 
-    def _reset(self, index: LogIndex | None = None, derived: DerivedState | None = None) -> None:
-        """Fresh derived objects over ``index`` (or an empty one): what the log is read into;
-        or ``derived``'s state moved over to this storage (``adopt``)."""
-        self._log = index if index is not None else LogIndex()
+    def _reset(self, derived: DerivedState | None = None) -> None:
+        """Fresh, empty derived objects: what the log is read into; or ``derived``'s state and
+        index moved over to this storage (``adopt``)."""
         if derived is not None:
-            self._derived = derived.moved_to(self.storage, self._log, self._observers.emit)
+            self._derived = derived.moved_to(self.storage, self._observers.emit)
+            self._log = self._derived.index
         else:
+            self._log = LogIndex()
             self._derived = DerivedState(self.storage, self.id, self._log, self._observers.emit)
         self._pipeline = IngestPipeline(
             storage=self.storage, db_id=self.id, index=self._log, derived=self._derived, pending=self._pending,
@@ -212,20 +211,15 @@ class Database:
         with _gc_paused():
             self._reset()
             read = read_log(self.storage, self.id, self._log)
-            self._derive(read.order)
+            self._derived.rebuild_verdicts()
+            self._derived.recompute_erasure()
+            self._pipeline.recount()
+            self._derived.show_loaded(read.order)
             write_marks(self.storage, self.id, read.new_marks)
             try:
                 self._pipeline.load_pending()
             except UNREADABLE as exc:
                 raise unreadable(self.storage, self.id, exc) from exc
-
-    def _derive(self, order: Loaded) -> None:
-        """Verdicts, erasure and tallies from the log index; the rows shown from ``order`` (the
-        entries as read, with their rows' keys)."""
-        self._derived.rebuild_verdicts()
-        self._derived.recompute_erasure()
-        self._pipeline.recount()
-        self._derived.show_loaded(order)
 
     # What tests and older callers read; the index owns them.
     @property

@@ -59,21 +59,23 @@ class DerivedState:
         self._live: dict[str, LiveKeys] | None = {}  # store -> row keys shown; None: recompute
         self._hidden: set[tuple[str, str]] = set()  # (entry, store): rows repeat keys already shown
 
-    def moved_to(self, storage: Storage, index: LogIndex, emit: Callable[[RowsAdded], None]) -> DerivedState:
-        """This state over ``storage``, which now holds exactly the entries it was derived from
-        (a database checked over one storage, then stored in another: Database.adopt); ``index``
-        is this state's index, handed over with it. Verdicts, erasure and the rows shown move;
-        what was read from the old storage (documents, small stores, meta) is read again from
-        the new one when asked. This object is not used afterwards."""
-        if index is not self._index:
-            raise ValueError("a derived state moves with its own log index")
-        moved = DerivedState(storage, self._db_id, index, emit)
+    def moved_to(self, storage: Storage, emit: Callable[[RowsAdded], None]) -> DerivedState:
+        """This state, with its log index, over ``storage``, which now holds exactly the entries
+        it was derived from (a database checked over one storage, then stored in another:
+        Database.adopt). Verdicts, erasure and the rows shown move; what was read from the old
+        storage (documents, small stores, meta) is read again from the new one when asked. This
+        object is not used afterwards."""
+        moved = DerivedState(storage, self._db_id, self._index, emit)
         moved._evaluator = self._evaluator
         moved._settings_cache = self._settings_cache
         moved._erased = self._erased
         moved._live = self._live
         moved._hidden = self._hidden
         return moved
+
+    @property
+    def index(self) -> LogIndex:
+        return self._index
 
     # ----------------------------------------------------------------------- verdicts
     def rebuild_verdicts(self) -> None:

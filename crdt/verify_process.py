@@ -317,7 +317,7 @@ def gather(worker: SignatureWorker, ticket: int, triples: Sequence[Triple], at: 
     in the worker; when the worker fails, what it did not answer is checked here.
     """
     hi = len(at)
-    mine: list[bool] = []  # verdicts of triples[hi:], checked here, a slice at a time
+    mine: list[list[bool]] = []  # verdicts of triples[hi:], checked here, the last slice first
     wait, waited_at = 0.0, -1
     while True:
         state = worker.progress(ticket, wait)
@@ -333,7 +333,8 @@ def gather(worker: SignatureWorker, ticket: int, triples: Sequence[Triple], at: 
         wait = 0.0
         new_hi = max(lo, hi - STEAL)
         worker.stop(ticket, at[new_hi])
-        mine = verify_here(list(triples[new_hi:hi])) + mine
+        mine.append(verify_here(list(triples[new_hi:hi])))
         hi = new_hi
-    mine = verify_here(list(triples[lo:hi])) + mine
-    return [got[i] == 1 for i in at[:lo]] + mine, lo
+    mine.append(verify_here(list(triples[lo:hi])))
+    here = [ok for part in reversed(mine) for ok in part]
+    return [got[i] == 1 for i in at[:lo]] + here, lo

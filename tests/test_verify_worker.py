@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ Triple = tuple[bytes, bytes, bytes]
 _KEYS = [SigningKey.generate() for _ in range(3)]
 
 
-def _triples(n: int, bad: set[int] = frozenset()) -> list[Triple]:  # type: ignore[assignment]
+def _triples(n: int, bad: AbstractSet[int] = frozenset()) -> list[Triple]:
     out = []
     for i in range(n):
         k = _KEYS[i % len(_KEYS)]
